@@ -1,0 +1,67 @@
+"""The Broker interface and the registry (URL scheme -> broker class).
+
+A broker publishes a batch as a batch and returns one
+:class:`~outbox_core.message.Outcome` per event, in the same order. It never
+reports ``ok`` before the broker has taken responsibility for the message
+(publisher confirm, 2xx). Transient trouble is ``retry``; a message the broker
+will never accept is ``reject``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from outbox_core.errors import UnknownBroker
+from outbox_core.message import Event, Outcome
+
+
+class Broker(ABC):
+    """Publishes claimed events somewhere and says what happened to each."""
+
+    @abstractmethod
+    def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+        """Publish ``events``; return one outcome per event, in order.
+
+        Must not raise for per-event or connection trouble: report ``retry``
+        for every event not confirmed instead.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most brokers need it
+        """Release connections; the broker is not used afterwards."""
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Broker:
+        """Create the broker from its URL and options."""
+        raise NotImplementedError(f"{cls.__name__} cannot be created from a URL")
+
+
+#: URL scheme -> "module:Class"; imported only when used, so pika or httpx
+#: are needed only by those who use them.
+REGISTRY: dict[str, str] = {
+    "memory": "brokers.memory:MemoryBroker",
+    "python": "brokers.callable:CallableBroker",
+}
+
+
+def known_schemes() -> list[str]:
+    """URL schemes :func:`create_broker` accepts."""
+    return sorted(REGISTRY)
+
+
+def create_broker(url: str, **options: Any) -> Broker:
+    """Create a broker from its URL; raise :class:`UnknownBroker` for an unknown scheme."""
+    scheme = urlsplit(url).scheme.lower()
+    target = REGISTRY.get(scheme)
+    if target is None:
+        shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
+        raise UnknownBroker(
+            f"unknown broker URL scheme {shown}; supported: "
+            + ", ".join(f"{s}://" for s in known_schemes())
+        )
+    module_name, _, cls_name = target.partition(":")
+    cls: type[Broker] = getattr(importlib.import_module(module_name), cls_name)
+    return cls.from_url(url, **options)

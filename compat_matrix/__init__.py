@@ -1,0 +1,1 @@
+"""Compatibility matrix: runs the conformance suites per database (see its issue)."""

@@ -1,0 +1,92 @@
+"""MySQL 8.0.1+ and MariaDB 10.6+ (PyMySQL).
+
+Claim, at READ COMMITTED (REPEATABLE READ's gap locks would block producers'
+inserts): ``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` reads and
+locks the rows, ``UPDATE ... WHERE id IN (...)`` leases them, commit. MariaDB
+has no ``UPDATE ... RETURNING``, so the selected rows are returned with the
+attempt counted in Python.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dialects.base import Dialect
+from outbox_core.errors import UnsupportedDatabase
+from outbox_core.message import Event
+
+MYSQL_MIN = (8, 0, 1)
+MARIADB_MIN = (10, 6)
+
+
+def check_version(is_mariadb: bool, version: tuple[int, ...]) -> None:
+    """Refuse servers without ``SKIP LOCKED``, naming the version found and needed."""
+    found = ".".join(str(v) for v in version)
+    if is_mariadb and version < MARIADB_MIN:
+        raise UnsupportedDatabase(
+            f"MariaDB {found} has no SKIP LOCKED: the outbox needs MariaDB 10.6 or newer"
+        )
+    if not is_mariadb and version < MYSQL_MIN:
+        raise UnsupportedDatabase(
+            f"MySQL {found} has no SKIP LOCKED: the outbox needs MySQL 8.0.1 or newer"
+        )
+
+
+class MysqlDialect(Dialect):
+    """MySQL / MariaDB strategy: ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE``."""
+
+    name: ClassVar[str] = "mysql"
+    isolation_level: ClassVar[str] = "READ COMMITTED"
+
+    def now(self) -> sa.ColumnElement[datetime]:
+        """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session's time zone."""
+        return sa.func.utc_timestamp(6, type_=sa.DateTime())
+
+    def after(self, seconds: float) -> sa.ColumnElement[datetime]:
+        """``TIMESTAMPADD(MICROSECOND, n, UTC_TIMESTAMP(6))``."""
+        return sa.func.timestampadd(
+            sa.literal_column("MICROSECOND"),
+            sa.literal(round(seconds * 1_000_000), sa.BigInteger()),
+            self.now(),
+            type_=sa.DateTime(),
+        )
+
+    def prepare(self, conn: Connection) -> None:
+        """Claims and settles run at READ COMMITTED."""
+        if conn.get_execution_options().get("isolation_level") != self.isolation_level:
+            conn.execution_options(isolation_level=self.isolation_level)
+
+    def check(self, conn: Connection) -> None:
+        """Require MySQL 8.0.1+ or MariaDB 10.6+ (``SKIP LOCKED``)."""
+        dialect = conn.dialect
+        version = tuple(dialect.server_version_info or (0,))
+        check_version(bool(getattr(dialect, "is_mariadb", False)), version)
+
+    def claim(
+        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+    ) -> list[Event]:
+        """Lock due rows with SKIP LOCKED, lease them by id, commit."""
+        t = self.table
+        pick = (
+            sa.select(*self.claim_columns(t))
+            .where(*self.claim_filter(t, ordered))
+            .order_by(t.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        with self.transaction(conn):
+            rows = conn.execute(pick).all()
+            if not rows:
+                return []
+            ids = [r[0] for r in rows]
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id.in_(ids))
+                .values(self.lease_values(lease=lease, token=token))
+            )
+        # The rows were read before the UPDATE counted this attempt.
+        return [self.to_event(r, token, attempts_offset=1) for r in rows]

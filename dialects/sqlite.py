@@ -1,0 +1,85 @@
+"""SQLite 3.35 and newer (sqlite3; aiosqlite for async producers).
+
+SQLite has no row locks: a claim takes the database's write lock with
+``BEGIN IMMEDIATE`` and leases rows with ``UPDATE ... WHERE id IN (SELECT
+... LIMIT n) RETURNING``; the lease columns keep relays apart. The database
+runs in WAL mode so producers' reads are not blocked by a claim. SQLite has
+no clock of its own in UTC with microseconds, so the relay passes UTC.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dialects.base import Dialect
+from outbox_core.errors import UnsupportedDatabase
+from outbox_core.message import Event
+
+MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
+
+
+class SqliteDialect(Dialect):
+    """SQLite strategy: one immediate write transaction per claim, leases only."""
+
+    name: ClassVar[str] = "sqlite"
+    row_locks: ClassVar[bool] = False
+
+    def now(self) -> sa.ColumnElement[datetime]:
+        """The application's UTC clock, bound as a parameter."""
+        return sa.literal(self.utcnow(), sa.DateTime())
+
+    def after(self, seconds: float) -> sa.ColumnElement[datetime]:
+        """The application's UTC clock plus ``seconds``."""
+        return sa.literal(self.utcnow() + timedelta(seconds=seconds), sa.DateTime())
+
+    def begin_statement(self, conn: Connection) -> None:
+        """Take the write lock at ``BEGIN`` so a claim never fails upgrading a read lock."""
+        dbapi = conn.connection.dbapi_connection
+        # A pool configured to emit its own BEGIN already opened the transaction.
+        if dbapi is not None and not getattr(dbapi, "in_transaction", False):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def check(self, conn: Connection) -> None:
+        """Require SQLite 3.35+ (``RETURNING``)."""
+        version = sqlite3.sqlite_version_info
+        if version < MIN_VERSION:
+            raise UnsupportedDatabase(
+                f"SQLite {sqlite3.sqlite_version} is too old: the outbox needs SQLite 3.35 "
+                "or newer (UPDATE ... RETURNING)"
+            )
+
+    def install(self, conn: Connection) -> None:
+        """Create the tables and switch a file database to WAL (persistent)."""
+        if conn.in_transaction():
+            conn.commit()
+        if conn.engine.url.database not in (None, "", ":memory:"):
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            conn.commit()
+        super().install(conn)
+
+    def claim(
+        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+    ) -> list[Event]:
+        """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE``."""
+        t = self.table
+        picked = (
+            sa.select(t.c.id)
+            .where(*self.claim_filter(t, ordered))
+            .order_by(t.c.id)
+            .limit(limit)
+            .scalar_subquery()
+        )
+        stmt = (
+            sa.update(t)
+            .where(t.c.id.in_(picked))
+            .values(self.lease_values(lease=lease, token=token))
+            .returning(*self.claim_columns(t))
+        )
+        with self.transaction(conn):
+            rows = conn.execute(stmt).all()
+        return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)

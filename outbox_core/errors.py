@@ -1,0 +1,51 @@
+"""One exception hierarchy for the toolkit.
+
+Driver exceptions never escape raw from the public API: they are wrapped in
+:class:`DatabaseError` with the operation named and any URL masked.
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error raised by the toolkit."""
+
+
+class ConfigurationError(OutboxError, ValueError):
+    """A setting, URL or argument is invalid."""
+
+
+class InvalidIdentifier(ConfigurationError):
+    """A table or schema name is not a plain SQL identifier."""
+
+
+class UnknownDialect(ConfigurationError):
+    """The database backend has no dialect strategy; the message lists the known ones."""
+
+
+class UnknownBroker(ConfigurationError):
+    """The broker URL scheme has no broker; the message lists the known ones."""
+
+
+class UnsupportedDatabase(OutboxError):
+    """The database server lacks a capability the outbox needs (the reason is given)."""
+
+
+class EventError(OutboxError, ValueError):
+    """An event given to ``enqueue`` is invalid; nothing was written."""
+
+
+class PayloadError(EventError, TypeError):
+    """The payload or headers cannot be serialised to JSON; the message names the field."""
+
+
+class DatabaseError(OutboxError):
+    """A database operation failed; wraps the driver error."""
+
+
+class BrokerError(OutboxError):
+    """A broker could not be created or used."""
+
+
+class LeaseLost(OutboxError):
+    """A relay tried to settle events whose lease another relay now holds."""

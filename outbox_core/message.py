@@ -1,0 +1,233 @@
+"""Frozen value types passed between the facade, the dialects, the relay and brokers."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from outbox_core.errors import EventError, PayloadError
+
+
+class State(enum.IntEnum):
+    """The ``state`` column of the outbox table."""
+
+    PENDING = 0
+    LEASED = 1
+    SENT = 2
+    DEAD = 3
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to enqueue, validated and with its payload already serialised."""
+
+    event_id: str
+    topic: str
+    payload: Any
+    key: str | None = None
+    headers: Mapping[str, str] | None = None
+    delay_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A claimed row: what a broker receives.
+
+    ``attempts`` counts this claim (1 on the first delivery attempt).
+    ``token`` is the lease token the relay must present to settle it.
+    """
+
+    id: int
+    event_id: str
+    topic: str
+    key: str | None
+    payload: Any
+    headers: Mapping[str, str]
+    attempts: int
+    created_at: datetime
+    token: str
+
+
+class OutcomeKind(enum.Enum):
+    """What happened to one event at the broker."""
+
+    OK = "ok"
+    RETRY = "retry"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The broker's verdict on one event.
+
+    ``ok``: the broker took responsibility. ``retry``: transient failure, try
+    again after backoff. ``reject``: permanent failure, the event goes dead.
+    """
+
+    kind: OutcomeKind
+    error: str | None = None
+    retry_after: float | None = None
+
+    @classmethod
+    def ok(cls) -> Outcome:
+        """The broker accepted the event."""
+        return _OK
+
+    @classmethod
+    def retry(cls, error: str, *, retry_after: float | None = None) -> Outcome:
+        """A transient failure; ``retry_after`` (seconds) is a lower bound for the next try."""
+        return cls(OutcomeKind.RETRY, error, retry_after)
+
+    @classmethod
+    def reject(cls, error: str) -> Outcome:
+        """A permanent failure: the event becomes dead at once."""
+        return cls(OutcomeKind.REJECT, error)
+
+    @property
+    def is_ok(self) -> bool:
+        """True when the broker accepted the event."""
+        return self.kind is OutcomeKind.OK
+
+
+_OK = Outcome(OutcomeKind.OK)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How the relay settles one failed event.
+
+    ``retry_in`` is the backoff in seconds, or ``None`` to make the event dead.
+    """
+
+    id: int
+    error: str
+    retry_in: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """What one relay cycle did (returned by ``Relay.run_once``)."""
+
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0
+    released: int = 0
+    reaped: int = 0
+    cleaned: int = 0
+    errors: tuple[str, ...] = field(default=())
+
+
+MAX_TOPIC = 255
+MAX_KEY = 255
+
+
+def build_new_event(
+    topic: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    delay: float | timedelta | None = None,
+) -> NewEvent:
+    """Validate an event for ``enqueue``; raise :class:`EventError` naming what is wrong."""
+    if not isinstance(topic, str) or not topic.strip():
+        raise EventError("topic must be a non-empty string")
+    if len(topic) > MAX_TOPIC:
+        raise EventError(f"topic is {len(topic)} characters long; the limit is {MAX_TOPIC}")
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise EventError("key must be a non-empty string or None")
+        if len(key) > MAX_KEY:
+            raise EventError(f"key is {len(key)} characters long; the limit is {MAX_KEY}")
+    check_json(payload, "payload")
+    clean_headers: dict[str, str] | None = None
+    if headers is not None:
+        if not isinstance(headers, Mapping):
+            raise PayloadError(f"headers must be a mapping of str to str, not {type(headers).__name__}")
+        clean_headers = {}
+        for name, value in headers.items():
+            if not isinstance(name, str) or not name:
+                raise PayloadError(f"headers: header name {name!r} must be a non-empty string")
+            if not isinstance(value, str):
+                raise PayloadError(
+                    f"headers[{name!r}]: value must be a string, not {type(value).__name__}"
+                )
+            clean_headers[name] = value
+    seconds = _delay_seconds(delay)
+    return NewEvent(
+        event_id=str(uuid.uuid4()),
+        topic=topic,
+        payload=payload,
+        key=key,
+        headers=clean_headers,
+        delay_seconds=seconds,
+    )
+
+
+def _delay_seconds(delay: float | timedelta | None) -> float:
+    if delay is None:
+        return 0.0
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        raise EventError(f"delay must be a timedelta or a number of seconds, not {delay!r}")
+    if seconds < 0:
+        raise EventError(f"delay must not be negative (got {seconds} seconds)")
+    return float(seconds)
+
+
+def check_json(value: Any, name: str) -> None:
+    """Raise :class:`PayloadError` naming the first field of ``value`` JSON cannot encode.
+
+    The fast path is one ``json.dumps``; the walk that finds the field only
+    runs when it fails.
+    """
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        path, reason = _find_bad(value, name, set())
+        raise PayloadError(f"{path}: {reason}") from exc
+
+
+def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, f"{value!r} is not valid JSON (NaN and infinity are not allowed)"
+    if value is None or isinstance(value, str | int | float | bool):
+        return path, "cannot be serialised to JSON"
+    if isinstance(value, dict | list | tuple):
+        if id(value) in seen:
+            return path, "contains a circular reference"
+        seen.add(id(value))
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str | int | float | bool) and k is not None:
+                    return path, f"key {k!r} of type {type(k).__name__} is not a JSON object key"
+                found = _find_bad_or_none(v, f"{path}[{k!r}]", seen)
+                if found:
+                    return found
+        else:
+            for i, v in enumerate(value):
+                found = _find_bad_or_none(v, f"{path}[{i}]", seen)
+                if found:
+                    return found
+        seen.discard(id(value))
+        return path, "cannot be serialised to JSON"
+    return path, (
+        f"value of type {type(value).__name__} is not JSON serialisable "
+        "(convert it to a string or number before enqueue)"
+    )
+
+
+def _find_bad_or_none(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return _find_bad(value, path, seen)
+    return None

@@ -1,0 +1,328 @@
+"""The ``Outbox`` facade: one object per outbox table, whatever the database.
+
+>>> outbox = Outbox("postgresql+psycopg://localhost/app")
+>>> outbox.install()
+>>> with engine.begin() as conn:
+...     conn.execute(orders.insert().values(id=1))
+...     outbox.enqueue(conn, "order.created", {"order_id": 1}, key="order-1")
+>>> outbox.relay("memory://").run()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.orm import Session
+
+from brokers.base import Broker, create_broker
+from dialects.base import Dialect, get_dialect
+from outbox_core.config import Settings, mask_url
+from outbox_core.errors import ConfigurationError
+from outbox_core.message import State, build_new_event
+from outbox_core.relay import Relay, translate_errors
+from outbox_core.retry import RetryPolicy
+from outbox_core.schema import OutboxTables
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+#: Async or driver-less URLs mapped to the sync driver the toolkit ships with.
+SYNC_DRIVERS: dict[str, str] = {
+    "postgresql": "postgresql+psycopg",
+    "postgresql+psycopg_async": "postgresql+psycopg",
+    "postgresql+asyncpg": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mysql+aiomysql": "mysql+pymysql",
+    "mysql+asyncmy": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+    "mariadb+aiomysql": "mariadb+pymysql",
+    "mariadb+asyncmy": "mariadb+pymysql",
+    "mssql": "mssql+pyodbc",
+    "mssql+aioodbc": "mssql+pyodbc",
+    "sqlite+aiosqlite": "sqlite",
+}
+
+#: Which extra installs the driver a URL names.
+_EXTRAS = {
+    "psycopg": "postgresql",
+    "pymysql": "mysql",
+    "pyodbc": "mssql",
+    "aiosqlite": "sqlite-async",
+}
+
+
+def sync_url(url: str | URL) -> URL:
+    """The URL with a sync driver the toolkit supports (the relay is synchronous)."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ConfigurationError(f"invalid database URL {mask_url(url)!r}: {exc}") from None
+    target = SYNC_DRIVERS.get(parsed.drivername)
+    return parsed.set(drivername=target) if target else parsed
+
+
+def missing_driver_error(url: URL, exc: ImportError) -> ConfigurationError:
+    """A clear error for a database URL whose driver is not installed."""
+    driver = url.get_driver_name()
+    extra = _EXTRAS.get(driver)
+    hint = f": pip install 'outbox-toolkit[{extra}]'" if extra else ""
+    return ConfigurationError(
+        f"the {driver} driver for {mask_url(url.render_as_string(hide_password=False))} "
+        f"is not installed{hint} ({exc})"
+    )
+
+
+@dataclass(frozen=True)
+class DeadTopic:
+    """Dead events of one topic, with the newest error."""
+
+    topic: str
+    count: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class Status:
+    """A snapshot of the outbox table (``outbox status``)."""
+
+    counts: dict[str, int]
+    oldest_pending_age: float | None
+    dead: list[DeadTopic] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+class Outbox:
+    """The outbox on one table of one database.
+
+    ``db`` is a URL (``postgresql+psycopg://...``, ``mysql+pymysql://...``,
+    ``mssql+pyodbc://...``, ``sqlite:///file.db``; async URLs are accepted and
+    mapped to their sync driver for the relay) or an existing ``Engine``.
+    The dialect comes from the URL's backend; ``dialect=`` overrides it.
+    """
+
+    def __init__(
+        self,
+        db: str | URL | Engine | AsyncEngine,
+        *,
+        table: str = "outbox",
+        schema: str | None = None,
+        dialect: str | None = None,
+        block_on_dead: bool = True,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tables = OutboxTables.create(table, schema)
+        self._engine: Engine | None = None
+        self._owns_engine = False
+        self._engine_options = dict(engine_options or {})
+        if isinstance(db, Engine):
+            self._engine = db
+            self.url = db.url
+        elif isinstance(db, str | URL):
+            self.url = sync_url(db)
+        elif hasattr(db, "sync_engine"):  # AsyncEngine: the relay needs a sync driver
+            self.url = sync_url(db.url)
+        else:
+            raise ConfigurationError(
+                f"Outbox needs a database URL or an Engine, not {type(db).__name__}"
+            )
+        backend = dialect or self.url.get_backend_name()
+        self.dialect: Dialect = get_dialect(backend)(self.tables, block_on_dead=block_on_dead)
+
+    def __repr__(self) -> str:
+        return f"Outbox({mask_url(self.url.render_as_string(hide_password=False))!r}, table={self.table.name!r})"
+
+    @property
+    def table(self) -> sa.Table:
+        """The outbox table."""
+        return self.tables.outbox
+
+    @property
+    def engine(self) -> Engine:
+        """The engine for installs, status and relays (created from the URL on first use)."""
+        if self._engine is None:
+            options: dict[str, Any] = {"pool_pre_ping": True}
+            if self.dialect.name == "sqlite":
+                # Relays and producers take turns on the write lock: wait, don't fail.
+                options["connect_args"] = {"timeout": 30}
+            options.update(self._engine_options)
+            try:
+                self._engine = sa.create_engine(self.url, **options)
+            except ImportError as exc:
+                raise missing_driver_error(self.url, exc) from exc
+            self._owns_engine = True
+        return self._engine
+
+    def dispose(self) -> None:
+        """Close the connections of an engine this outbox created."""
+        if self._engine is not None and self._owns_engine:
+            self._engine.dispose()
+            self._engine = None
+
+    # -- setup --------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Verify the server supports the outbox; raise ``UnsupportedDatabase`` otherwise."""
+        with translate_errors("check"), self.engine.connect() as conn:
+            self.dialect.check(conn)
+
+    def install(self) -> None:
+        """Check the server, then create the outbox and inbox tables if missing."""
+        with translate_errors("install"), self.engine.connect() as conn:
+            self.dialect.check(conn)
+            self.dialect.install(conn)
+
+    def schema_sql(self) -> str:
+        """The DDL of the tables for this outbox's dialect (no connection needed)."""
+        return self.tables.ddl(self.dialect.name)
+
+    # -- enqueue --------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        conn: Connection | Session,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None,
+    ) -> str:
+        """Add an event to the caller's transaction and return its ``event_id``.
+
+        ``conn`` is the SQLAlchemy ``Connection`` or ``Session`` of the business
+        transaction; the event commits or rolls back with it (this never
+        commits). The payload must be JSON-serialisable: otherwise
+        :class:`~outbox_core.errors.PayloadError` names the field and nothing
+        is written.
+        """
+        if not isinstance(conn, Connection | Session):
+            raise ConfigurationError(
+                "enqueue needs the Connection or Session of your transaction, "
+                f"not {type(conn).__name__} (use enqueue_async for async ones)"
+            )
+        event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
+        conn.execute(self.dialect.insert_statement(event))
+        return event.event_id
+
+    async def enqueue_async(
+        self,
+        conn: AsyncConnection | AsyncSession,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None,
+    ) -> str:
+        """Like :meth:`enqueue`, for an ``AsyncConnection`` or ``AsyncSession``."""
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+        if not isinstance(conn, AsyncConnection | AsyncSession):
+            raise ConfigurationError(
+                "enqueue_async needs the AsyncConnection or AsyncSession of your transaction, "
+                f"not {type(conn).__name__}"
+            )
+        event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
+        await conn.execute(self.dialect.insert_statement(event))
+        return event.event_id
+
+    # -- relay -----------------------------------------------------------------------------
+
+    def relay(
+        self,
+        broker: str | Broker,
+        *,
+        settings: Settings | None = None,
+        retry_policy: RetryPolicy | None = None,
+        name: str | None = None,
+        broker_options: Mapping[str, Any] | None = None,
+        **knobs: Any,
+    ) -> Relay:
+        """A relay publishing this outbox to ``broker`` (a URL or a Broker).
+
+        Knobs (``batch_size``, ``lease``, ``ordered``, ``max_attempts``, ...)
+        are :class:`~outbox_core.config.Settings` fields.
+        """
+        base = settings or Settings(table=self.table.name, schema=self.table.schema)
+        if self.dialect.block_on_dead != base.block_on_dead and "block_on_dead" not in knobs:
+            knobs["block_on_dead"] = self.dialect.block_on_dead
+        merged = base.replace(**knobs) if knobs else base
+        dialect = self.dialect
+        if merged.block_on_dead != dialect.block_on_dead:
+            dialect = type(dialect)(self.tables, block_on_dead=merged.block_on_dead)
+        if isinstance(broker, str):
+            broker = create_broker(broker, **dict(broker_options or {}))
+        return Relay(self.engine, dialect, broker, merged, name=name, retry_policy=retry_policy)
+
+    # -- operations ---------------------------------------------------------------------
+
+    def status(self) -> Status:
+        """Counts per state, age of the oldest pending event, dead events per topic."""
+        t = self.table
+        with translate_errors("status"), self.engine.connect() as conn:
+            counts = {s.name.lower(): 0 for s in State}
+            for state, n in conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)):
+                counts[State(state).name.lower()] = int(n)
+            oldest, now = conn.execute(
+                sa.select(
+                    sa.select(sa.func.min(t.c.created_at))
+                    .where(t.c.state == int(State.PENDING))
+                    .scalar_subquery(),
+                    self.dialect.now(),
+                )
+            ).one()
+            newest_dead = (
+                sa.select(t.c.topic, sa.func.count().label("n"), sa.func.max(t.c.id).label("last"))
+                .where(t.c.state == int(State.DEAD))
+                .group_by(t.c.topic)
+                .subquery()
+            )
+            dead_rows = conn.execute(
+                sa.select(newest_dead.c.topic, newest_dead.c.n, t.c.last_error)
+                .join_from(newest_dead, t, t.c.id == newest_dead.c.last)
+                .order_by(newest_dead.c.n.desc())
+            ).all()
+        age = None
+        if oldest is not None:
+            age = max(0.0, (_aware(now) - _aware(oldest)).total_seconds())
+        dead = [DeadTopic(r[0], int(r[1]), r[2]) for r in dead_rows]
+        return Status(counts=counts, oldest_pending_age=age, dead=dead)
+
+    def cleanup(self, *, older_than: float, batch: int = 1000, max_batches: int | None = None) -> int:
+        """Delete sent events older than ``older_than`` seconds, ``batch`` rows per transaction."""
+        total = 0
+        done = 0
+        with translate_errors("cleanup"), self.engine.connect() as conn:
+            while max_batches is None or done < max_batches:
+                n = self.dialect.cleanup(conn, older_than=older_than, batch=batch)
+                total += n
+                done += 1
+                if n < batch:
+                    break
+        return total
+
+    def replay(
+        self,
+        *,
+        ids: list[int] | None = None,
+        topic: str | None = None,
+        key: str | None = None,
+        all: bool = False,
+    ) -> int:
+        """Return dead events to pending (by id, topic or key; ``all=True`` for every one)."""
+        if ids is None and topic is None and key is None and not all:
+            raise ConfigurationError("replay needs ids, a topic, a key, or all=True")
+        with translate_errors("replay"), self.engine.connect() as conn:
+            return self.dialect.replay(conn, ids=ids, topic=topic, key=key)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

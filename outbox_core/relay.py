@@ -1,0 +1,335 @@
+"""The relay: claim -> publish -> settle, with reaping, cleanup and graceful stop.
+
+One cycle::
+
+    events = dialect.claim(limit, lease, token, ordered)     # tx 1, short
+    outcomes = broker.publish(events)                         # no transaction open
+    dialect.mark_sent(ok); dialect.mark_failed(retry/reject)  # tx 2, fenced by token
+
+Every claim gets a fresh token, so settling writes of a relay whose lease
+expired and was re-claimed change nothing. SIGTERM / SIGINT let the batch in
+flight finish; a second signal interrupts it and the unpublished claims are
+released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from brokers.base import Broker
+from dialects.base import Dialect
+from outbox_core.config import Settings, redact
+from outbox_core.errors import DatabaseError
+from outbox_core.message import CycleResult, Event, Failure, Outcome
+from outbox_core.retry import RetryPolicy
+
+log = logging.getLogger("outbox.relay")
+
+
+@contextmanager
+def translate_errors(operation: str) -> Iterator[None]:
+    """Re-raise SQLAlchemy / driver errors as :class:`DatabaseError`, passwords masked."""
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as exc:
+        detail = getattr(exc, "orig", None) or exc
+        raise DatabaseError(redact(f"{operation} failed: {detail}")) from exc
+
+
+def _relay_id() -> str:
+    host = socket.gethostname().split(".")[0][:20]
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class _Due:
+    """A periodic task's schedule (monotonic clock)."""
+
+    interval: float
+    next_at: float = 0.0
+
+    def ready(self, now: float) -> bool:
+        if self.interval <= 0 or now < self.next_at:
+            return False
+        self.next_at = now + self.interval
+        return True
+
+
+class Relay:
+    """Moves events from the outbox table to a broker.
+
+    Create it with :meth:`outbox_core.Outbox.relay`. ``run()`` blocks until
+    :meth:`stop` or a signal; ``run_once()`` does one cycle and returns what
+    it did (for tests and for embedding in a scheduler).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        dialect: Dialect,
+        broker: Broker,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.broker = broker
+        self.settings = settings
+        self.name = name or _relay_id()
+        self.retry = retry_policy or RetryPolicy(
+            max_attempts=settings.max_attempts,
+            base=settings.backoff_base,
+            cap=settings.backoff_cap,
+        )
+        self.batch_size = min(settings.batch_size, dialect.max_batch)
+        self._conn: Connection | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._signals = 0
+        self._reap = _Due(settings.reap_interval)
+        self._cleanup = _Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
+        self._claim_seq = 0
+        #: Called after every cycle with its result (metrics, tests).
+        self.on_cycle: Callable[[CycleResult], None] | None = None
+
+    # -- connection ---------------------------------------------------------------
+
+    @property
+    def conn(self) -> Connection:
+        """The relay's own connection, opened on first use and after a failure."""
+        if self._conn is None or self._conn.closed or self._conn.invalidated:
+            self._drop_connection()
+            with translate_errors("connect"):
+                self._conn = self.dialect.connect(self.engine)
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sa.exc.SQLAlchemyError:
+                log.debug("closing a broken connection failed", exc_info=True)
+            self._conn = None
+
+    def new_token(self) -> str:
+        """A fresh lease token (at most 64 characters: the ``lease_owner`` column)."""
+        self._claim_seq += 1
+        return f"{self.name}:{self._claim_seq}:{uuid.uuid4().hex[:12]}"[:64]
+
+    # -- one cycle --------------------------------------------------------------------
+
+    def run_once(self) -> CycleResult:
+        """Reap (when due), claim one batch, publish it, settle it, clean up (when due)."""
+        try:
+            return self._cycle()
+        except DatabaseError:
+            self._drop_connection()
+            raise
+
+    def _cycle(self) -> CycleResult:
+        s = self.settings
+        now = time.monotonic()
+        reaped = 0
+        if self._reap.ready(now):
+            with translate_errors("reap"):
+                reaped = self.dialect.reap(self.conn, max_attempts=self.retry.max_attempts)
+            if reaped:
+                log.warning("returned %d expired leases to pending", reaped, extra={"count": reaped})
+        token = self.new_token()
+        with translate_errors("claim"):
+            events = self.dialect.claim(
+                self.conn, limit=self.batch_size, lease=s.lease, token=token, ordered=s.ordered
+            )
+        result = CycleResult(claimed=len(events), reaped=reaped)
+        if events:
+            result = self._deliver(events, token, result)
+        if self._cleanup.ready(time.monotonic()):
+            result = dataclasses.replace(result, cleaned=self.cleanup())
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        return result
+
+    def _publish(self, events: Sequence[Event]) -> list[Outcome]:
+        try:
+            outcomes = list(self.broker.publish(events))
+        except Exception as exc:  # a broker must not raise; if it does, nothing is confirmed
+            log.exception("broker raised while publishing %d events", len(events))
+            return [Outcome.retry(f"broker error: {type(exc).__name__}: {exc}")] * len(events)
+        if len(outcomes) != len(events):
+            error = f"broker returned {len(outcomes)} outcomes for {len(events)} events"
+            log.error(error)
+            return [Outcome.retry(error)] * len(events)
+        return outcomes
+
+    def _deliver(self, events: list[Event], token: str, result: CycleResult) -> CycleResult:
+        try:
+            outcomes = self._publish(events)
+        except (KeyboardInterrupt, SystemExit):
+            # Interrupted mid-publish (second signal): give the claims back now
+            # rather than leave them leased until the lease expires.
+            self._release(events, token)
+            raise
+        ok: list[int] = []
+        failures: list[Failure] = []
+        for event, outcome in zip(events, outcomes, strict=True):
+            if outcome.is_ok:
+                ok.append(event.id)
+                continue
+            failure = Failure(
+                event.id, outcome.error or outcome.kind.value, self.retry.next_try(event.attempts, outcome)
+            )
+            failures.append(failure)
+            log.log(
+                logging.ERROR if failure.retry_in is None else logging.WARNING,
+                "event %s (%s) %s: %s",
+                event.event_id,
+                event.topic,
+                "is dead" if failure.retry_in is None else f"retries in {failure.retry_in:.1f}s",
+                failure.error,
+                extra={"event_id": event.event_id, "topic": event.topic, "token": token},
+            )
+        with translate_errors("mark_sent"):
+            sent = self.dialect.mark_sent(
+                self.conn, ok, token=token, delete=self.settings.delete_on_send
+            )
+        with translate_errors("mark_failed"):
+            failed = self.dialect.mark_failed(self.conn, failures, token=token)
+        lost = (len(ok) - sent) + (len(failures) - failed)
+        if lost:
+            log.warning(
+                "lease lost on %d events (re-claimed by another relay before settling)",
+                lost,
+                extra={"token": token, "count": lost},
+            )
+        log.debug(
+            "published %d, failed %d", sent, len(failures), extra={"token": token, "count": sent}
+        )
+        dead = sum(1 for f in failures if f.retry_in is None)
+        return dataclasses.replace(
+            result,
+            sent=sent,
+            retried=len(failures) - dead,
+            dead=dead,
+            lease_lost=lost,
+            errors=tuple(f.error for f in failures[:10]),
+        )
+
+    def _release(self, events: Sequence[Event], token: str) -> int:
+        try:
+            with translate_errors("release"):
+                released = self.dialect.release(self.conn, [e.id for e in events], token=token)
+        except DatabaseError:
+            log.exception("could not release %d claims; their leases will expire", len(events))
+            return 0
+        log.info("released %d unpublished claims", released, extra={"count": released})
+        return released
+
+    def cleanup(self) -> int:
+        """Delete sent rows older than ``cleanup_after``, in bounded batches (at most 10)."""
+        total = 0
+        for _ in range(10):
+            with translate_errors("cleanup"):
+                n = self.dialect.cleanup(
+                    self.conn,
+                    older_than=self.settings.cleanup_after,
+                    batch=self.settings.cleanup_batch,
+                )
+            total += n
+            if n < self.settings.cleanup_batch:
+                break
+        if total:
+            log.info("cleanup removed %d sent events", total, extra={"count": total})
+        return total
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the batch in flight (thread-safe)."""
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Claim now instead of waiting for the poll interval (thread-safe)."""
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested."""
+        return self._stop.is_set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            raise KeyboardInterrupt  # second signal: interrupt the batch in flight
+        log.info("signal %d: finishing the batch in flight, then stopping", signum)
+        self.stop()
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Relay until :meth:`stop` or SIGTERM/SIGINT; return normally (exit code 0)."""
+        previous: dict[int, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        log.info(
+            "relay %s started (%s, batch %d, lease %.0fs%s)",
+            self.name,
+            self.dialect.name,
+            self.batch_size,
+            self.settings.lease,
+            ", ordered" if self.settings.ordered else "",
+        )
+        idle = self.settings.poll_interval
+        error_backoff = 0.5
+        try:
+            while not self._stop.is_set():
+                try:
+                    result = self.run_once()
+                except DatabaseError as exc:
+                    log.error("%s; retrying in %.1fs", exc, error_backoff)
+                    self._stop.wait(error_backoff)
+                    error_backoff = min(error_backoff * 2, 30.0)
+                    continue
+                error_backoff = 0.5
+                if result.claimed >= self.batch_size:
+                    continue  # a full batch: there is probably more
+                if result.claimed:
+                    idle = self.settings.poll_interval
+                    continue
+                # Adaptive polling: back off while idle, reset on work or a wake-up.
+                if self._wake.wait(idle):
+                    idle = self.settings.poll_interval
+                else:
+                    idle = min(idle * 2, self.settings.max_poll_interval)
+                self._wake.clear()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+            log.info("relay %s stopped", self.name)
+
+    def close(self) -> None:
+        """Close the relay's connection and its broker."""
+        self._drop_connection()
+        try:
+            self.broker.close()
+        except Exception:
+            log.exception("closing the broker failed")
+
+
