@@ -42,6 +42,10 @@ class Broker(ABC):
 #: URL scheme -> "module:Class"; imported only when used, so pika or httpx
 #: are needed only by those who use them.
 REGISTRY: dict[str, str] = {
+    "amqp": "brokers.rabbitmq:RabbitMQBroker",
+    "amqps": "brokers.rabbitmq:RabbitMQBroker",
+    "http": "brokers.webhook:WebhookBroker",
+    "https": "brokers.webhook:WebhookBroker",
     "memory": "brokers.memory:MemoryBroker",
     "python": "brokers.callable:CallableBroker",
 }
