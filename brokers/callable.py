@@ -62,8 +62,6 @@ class CallableBroker(Broker):
             return [Outcome.ok()] * len(events)
         outcomes = list(result)
         if len(outcomes) != len(events):
-            error = (
-                f"{self.name} returned {len(outcomes)} outcomes for {len(events)} events"
-            )
+            error = f"{self.name} returned {len(outcomes)} outcomes for {len(events)} events"
             return [Outcome.retry(error)] * len(events)
         return outcomes

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.dml import Insert
 
 from outbox_core.errors import UnknownDialect
@@ -66,10 +66,10 @@ class Dialect(ABC):
         """Open a connection configured for this dialect's claims."""
         return engine.connect()
 
-    def prepare(self, conn: Connection) -> None:
+    def prepare(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Adjust a connection before a transaction begins (isolation level, ...)."""
 
-    def begin_statement(self, conn: Connection) -> None:
+    def begin_statement(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Run right after ``BEGIN``; SQLite upgrades to an immediate write transaction."""
 
     @contextmanager
@@ -171,7 +171,7 @@ class Dialect(ABC):
         """
 
     @staticmethod
-    def to_event(row: Row[Any] | Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
+    def to_event(row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
         """Build an :class:`Event` from a row of :meth:`claim_columns`."""
         created: datetime = row[7]
         if created.tzinfo is None:
@@ -199,7 +199,9 @@ class Dialect(ABC):
         """
         t = self.table
         return sa.and_(
-            t.c.id.in_(list(ids)), t.c.lease_owner == token, t.c.state.in_([int(s) for s in _ACTIVE])
+            t.c.id.in_(list(ids)),
+            t.c.lease_owner == token,
+            t.c.state.in_([int(s) for s in _ACTIVE]),
         )
 
     def mark_sent(self, conn: Connection, ids: Sequence[int], *, token: str, delete: bool) -> int:

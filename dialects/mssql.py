@@ -55,9 +55,7 @@ class MssqlDialect(Dialect):
                 f"SQL Server {found} is too old: the outbox needs SQL Server 2016 (13.0) or newer"
             )
 
-    def claim_statement(
-        self, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> sa.Update:
+    def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
         """The claim: an updatable CTE read with ``READPAST``, leased with ``OUTPUT``."""
         t = self.table
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]

@@ -10,7 +10,7 @@ attempt counted in Python.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -63,23 +63,27 @@ class MysqlDialect(Dialect):
     def check(self, conn: Connection) -> None:
         """Require MySQL 8.0.1+ or MariaDB 10.6+ (``SKIP LOCKED``)."""
         dialect = conn.dialect
-        version = tuple(dialect.server_version_info or (0,))
+        version = tuple(v for v in (dialect.server_version_info or (0,)) if isinstance(v, int))
         check_version(bool(getattr(dialect, "is_mariadb", False)), version)
 
-    def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> list[Event]:
-        """Lock due rows with SKIP LOCKED, lease them by id, commit."""
+    def claim_statement(self, *, limit: int, ordered: bool) -> sa.Select[Any]:
+        """``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED``: read and lock the rows."""
         t = self.table
-        pick = (
+        return (
             sa.select(*self.claim_columns(t))
             .where(*self.claim_filter(t, ordered))
             .order_by(t.c.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
+
+    def claim(
+        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+    ) -> list[Event]:
+        """Lock due rows with SKIP LOCKED, lease them by id, commit."""
+        t = self.table
         with self.transaction(conn):
-            rows = conn.execute(pick).all()
+            rows = conn.execute(self.claim_statement(limit=limit, ordered=ordered)).all()
             if not rows:
                 return []
             ids = [r[0] for r in rows]

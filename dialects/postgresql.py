@@ -44,10 +44,8 @@ class PostgresqlDialect(Dialect):
                 "(MATERIALIZED common table expressions with FOR UPDATE SKIP LOCKED)"
             )
 
-    def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> list[Event]:
-        """Lease up to ``limit`` rows in one statement: CTE + SKIP LOCKED + RETURNING."""
+    def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
+        """``WITH c AS MATERIALIZED (SELECT ... SKIP LOCKED) UPDATE ... FROM c RETURNING``."""
         t = self.table
         picked = (
             sa.select(t.c.id)
@@ -58,12 +56,18 @@ class PostgresqlDialect(Dialect):
             .cte("c")
             .prefix_with("MATERIALIZED")
         )
-        stmt = (
+        return (
             sa.update(t)
             .where(t.c.id == picked.c.id)
             .values(self.lease_values(lease=lease, token=token))
             .returning(*self.claim_columns(t))
         )
+
+    def claim(
+        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+    ) -> list[Event]:
+        """Lease up to ``limit`` rows in one statement."""
+        stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
         with self.transaction(conn):
             rows = conn.execute(stmt).all()
         # RETURNING gives rows in no particular order; the relay publishes in id order.

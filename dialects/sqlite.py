@@ -62,10 +62,12 @@ class SqliteDialect(Dialect):
             conn.commit()
         super().install(conn)
 
-    def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> list[Event]:
-        """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE``."""
+    def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
+        """``UPDATE ... WHERE id IN (SELECT id ... LIMIT n) RETURNING``.
+
+        The IN-subquery form is safe here: the write lock taken by ``BEGIN
+        IMMEDIATE`` means nothing changes between the subquery and the update.
+        """
         t = self.table
         picked = (
             sa.select(t.c.id)
@@ -74,12 +76,18 @@ class SqliteDialect(Dialect):
             .limit(limit)
             .scalar_subquery()
         )
-        stmt = (
+        return (
             sa.update(t)
             .where(t.c.id.in_(picked))
             .values(self.lease_values(lease=lease, token=token))
             .returning(*self.claim_columns(t))
         )
+
+    def claim(
+        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+    ) -> list[Event]:
+        """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE``."""
+        stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
         with self.transaction(conn):
             rows = conn.execute(stmt).all()
         return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)

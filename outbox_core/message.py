@@ -151,7 +151,9 @@ def build_new_event(
     clean_headers: dict[str, str] | None = None
     if headers is not None:
         if not isinstance(headers, Mapping):
-            raise PayloadError(f"headers must be a mapping of str to str, not {type(headers).__name__}")
+            raise PayloadError(
+                f"headers must be a mapping of str to str, not {type(headers).__name__}"
+            )
         clean_headers = {}
         for name, value in headers.items():
             if not isinstance(name, str) or not name:
@@ -176,7 +178,11 @@ def _delay_seconds(delay: float | timedelta | None) -> float:
     if delay is None:
         return 0.0
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+    ):
         raise EventError(f"delay must be a timedelta or a number of seconds, not {delay!r}")
     if seconds < 0:
         raise EventError(f"delay must not be negative (got {seconds} seconds)")

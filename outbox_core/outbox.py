@@ -137,7 +137,8 @@ class Outbox:
         self.dialect: Dialect = get_dialect(backend)(self.tables, block_on_dead=block_on_dead)
 
     def __repr__(self) -> str:
-        return f"Outbox({mask_url(self.url.render_as_string(hide_password=False))!r}, table={self.table.name!r})"
+        url = mask_url(self.url.render_as_string(hide_password=False))
+        return f"Outbox({url!r}, table={self.table.name!r})"
 
     @property
     def table(self) -> sa.Table:
@@ -296,7 +297,9 @@ class Outbox:
         dead = [DeadTopic(r[0], int(r[1]), r[2]) for r in dead_rows]
         return Status(counts=counts, oldest_pending_age=age, dead=dead)
 
-    def cleanup(self, *, older_than: float, batch: int = 1000, max_batches: int | None = None) -> int:
+    def cleanup(
+        self, *, older_than: float, batch: int = 1000, max_batches: int | None = None
+    ) -> int:
         """Delete sent events older than ``older_than`` seconds, ``batch`` rows per transaction."""
         total = 0
         done = 0

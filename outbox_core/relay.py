@@ -151,7 +151,9 @@ class Relay:
             with translate_errors("reap"):
                 reaped = self.dialect.reap(self.conn, max_attempts=self.retry.max_attempts)
             if reaped:
-                log.warning("returned %d expired leases to pending", reaped, extra={"count": reaped})
+                log.warning(
+                    "returned %d expired leases to pending", reaped, extra={"count": reaped}
+                )
         token = self.new_token()
         with translate_errors("claim"):
             events = self.dialect.claim(
@@ -193,7 +195,9 @@ class Relay:
                 ok.append(event.id)
                 continue
             failure = Failure(
-                event.id, outcome.error or outcome.kind.value, self.retry.next_try(event.attempts, outcome)
+                event.id,
+                outcome.error or outcome.kind.value,
+                self.retry.next_try(event.attempts, outcome),
             )
             failures.append(failure)
             log.log(
@@ -283,7 +287,7 @@ class Relay:
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Relay until :meth:`stop` or SIGTERM/SIGINT; return normally (exit code 0)."""
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -331,5 +335,3 @@ class Relay:
             self.broker.close()
         except Exception:
             log.exception("closing the broker failed")
-
-

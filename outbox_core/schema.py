@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql
@@ -39,16 +41,16 @@ def validate_identifier(name: str, what: str = "table name") -> str:
     return name
 
 
-def _timestamp() -> sa.types.TypeEngine[object]:
+def _timestamp() -> sa.types.TypeEngine[datetime]:
     return (
         sa.DateTime(timezone=True)
         .with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
-        .with_variant(mssql.DATETIME2(precision=6), "mssql")
+        .with_variant(mssql.DATETIME2(precision=6), "mssql")  # type: ignore[no-untyped-call]
         .with_variant(sa.DateTime(), "sqlite")
     )
 
 
-def _json() -> sa.types.TypeEngine[object]:
+def _json() -> sa.types.TypeEngine[Any]:
     return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
@@ -105,7 +107,7 @@ def _add_pending_index(table: sa.Table) -> None:
         postgresql_where=table.c.state == 0,
         sqlite_where=table.c.state == 0,
         mssql_where=table.c.state == 0,
-    ).ddl_if(dialect=("postgresql", "sqlite", "mssql"))
+    ).ddl_if(dialect=("postgresql", "sqlite", "mssql"))  # type: ignore[arg-type]  # documented
 
 
 def _build_inbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Table:

@@ -1,0 +1,303 @@
+"""The ``outbox`` command.
+
+Every command takes ``--db`` (default ``OUTBOX_DATABASE_URL`` or the
+``database_url`` of ``outbox.toml``); ``relay`` also takes ``--broker``
+(``OUTBOX_BROKER_URL``). URLs are printed and logged with their password
+masked.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+
+from outbox_core.config import Settings, load_settings, mask_url, parse_duration, redact
+from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.outbox import Outbox, Status
+from outbox_core.schema import OutboxTables
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DIALECTS = ["postgresql", "mysql", "mssql", "sqlite"]
+
+
+class RedactingFilter(logging.Filter):
+    """Masks ``scheme://user:password@`` in every log record, whoever logged it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record's message with passwords masked."""
+        message = record.getMessage()
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the record's ``extra`` fields."""
+
+    _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as JSON."""
+        data: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in self._STANDARD:
+                data[key] = value
+        if record.exc_info:
+            data["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(data, default=str)
+
+
+def setup_logging(verbose: int, json_logs: bool) -> None:
+    """Log to stderr, passwords masked."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter())
+    handler.setFormatter(
+        JsonFormatter()
+        if json_logs
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("outbox").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+
+
+def db_options(func: F) -> F:
+    """The options every database command shares."""
+    options = [
+        click.option("--db", "database_url", help="Database URL [env OUTBOX_DATABASE_URL]."),
+        click.option("--table", help="Outbox table name [default: outbox]."),
+        click.option("--schema", "schema", help="Database schema of the table."),
+        click.option(
+            "--dialect", type=click.Choice(_DIALECTS), help="Override the dialect of the URL."
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(dir_okay=False),
+            help="TOML settings file [default: ./outbox.toml].",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _settings(config_file: str | None, **values: Any) -> Settings:
+    return load_settings(values, config_file=config_file)
+
+
+def _outbox(settings: Settings) -> Outbox:
+    if not settings.database_url:
+        raise ConfigurationError(
+            "no database URL: pass --db, set OUTBOX_DATABASE_URL, or database_url in outbox.toml"
+        )
+    return Outbox(
+        settings.database_url,
+        table=settings.table,
+        schema=settings.schema,
+        dialect=settings.dialect,
+        block_on_dead=settings.block_on_dead,
+    )
+
+
+def handle_errors(func: F) -> F:
+    """Print toolkit errors as one clear line (exit 2) instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OutboxError as exc:
+            click.echo(f"error: {redact(str(exc))}", err=True)
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("--log-json", is_flag=True, help="Log JSON lines with structured fields.")
+@click.version_option(package_name="outbox-toolkit")
+def main(verbose: int, log_json: bool) -> None:
+    """Transactional outbox for PostgreSQL, MySQL/MariaDB, SQL Server and SQLite."""
+    setup_logging(verbose, log_json)
+
+
+@main.command()
+@db_options
+@handle_errors
+def install(config_file: str | None, **values: Any) -> None:
+    """Create the outbox tables if they are missing (idempotent)."""
+    settings = _settings(config_file, **values)
+    outbox = _outbox(settings)
+    outbox.install()
+    click.echo(
+        f"outbox table {outbox.table.fullname!r} ready on "
+        f"{mask_url(outbox.url.render_as_string(hide_password=False))}"
+    )
+
+
+@main.command()
+@click.option("--dialect", type=click.Choice(_DIALECTS), required=True)
+@click.option("--table", default="outbox", show_default=True)
+@click.option("--schema", "schema", default=None)
+@handle_errors
+def schema(dialect: str, table: str, schema: str | None) -> None:
+    """Print the DDL for a dialect without connecting."""
+    click.echo(OutboxTables.create(table, schema).ddl(dialect), nl=False)
+
+
+@main.command()
+@db_options
+@click.option("--broker", "broker_url", help="Broker URL [env OUTBOX_BROKER_URL].")
+@click.option(
+    "--broker-option",
+    "broker_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Broker option, repeatable (e.g. exchange=events).",
+)
+@click.option("--batch-size", type=int)
+@click.option("--lease", help="Lease per claim, e.g. 30s.")
+@click.option("--poll-interval", help="Idle poll interval, e.g. 200ms.")
+@click.option("--max-poll-interval", help="Longest idle poll interval, e.g. 5s.")
+@click.option("--max-attempts", type=int)
+@click.option("--ordered/--unordered", default=None, help="Per-key order (head of key).")
+@click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
+@click.option("--delete-on-send", is_flag=True, default=None)
+@click.option("--cleanup-after", help="Remove sent rows older than this, e.g. 7d (0: never).")
+@click.option("--once", is_flag=True, help="Run one cycle and exit.")
+@click.option("--name", help="Relay name used in lease tokens and logs.")
+@handle_errors
+def relay(
+    config_file: str | None,
+    broker_options: tuple[str, ...],
+    once: bool,
+    name: str | None,
+    **values: Any,
+) -> None:
+    """Publish events to the broker until SIGTERM (exit 0 after the batch in flight)."""
+    settings = _settings(config_file, **values)
+    if not settings.broker_url:
+        raise ConfigurationError(
+            "no broker URL: pass --broker, set OUTBOX_BROKER_URL, or broker_url in outbox.toml"
+        )
+    options: dict[str, Any] = {}
+    for item in broker_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"--broker-option takes KEY=VALUE, got {item!r}")
+        options[key.replace("-", "_")] = value
+    outbox = _outbox(settings)
+    outbox.check()
+    relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
+    logging.getLogger("outbox.relay").info(
+        "relaying %s -> %s",
+        mask_url(outbox.url.render_as_string(hide_password=False)),
+        mask_url(settings.broker_url),
+    )
+    if once:
+        result = relay.run_once()
+        relay.close()
+        click.echo(json.dumps({k: v for k, v in vars(result).items() if k != "errors"}))
+        return
+    relay.run()
+
+
+def _format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render_status(status: Status) -> str:
+    """The status as a readable table."""
+    lines = ["state     events"]
+    lines += [f"{state:<9} {n:>6}" for state, n in status.counts.items()]
+    lines.append(f"oldest pending: {_format_age(status.oldest_pending_age)}")
+    if status.dead:
+        lines.append("")
+        lines.append("dead events by topic:")
+        for d in status.dead:
+            error = (d.last_error or "").splitlines()[0][:100] if d.last_error else ""
+            lines.append(f"  {d.topic:<30} {d.count:>6}  last error: {error}")
+    return "\n".join(lines)
+
+
+@main.command()
+@db_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def status(config_file: str | None, as_json: bool, **values: Any) -> None:
+    """Counts per state, oldest pending age, dead events per topic."""
+    outbox = _outbox(_settings(config_file, **values))
+    result = outbox.status()
+    click.echo(json.dumps(result.as_dict()) if as_json else render_status(result))
+
+
+@main.command()
+@db_options
+@click.option("--older-than", default="7d", show_default=True, help="Age of sent rows to remove.")
+@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 4000))
+@handle_errors
+def cleanup(config_file: str | None, older_than: str, batch: int, **values: Any) -> None:
+    """Delete sent events older than --older-than, in batches (never unsent or dead rows)."""
+    outbox = _outbox(_settings(config_file, **values))
+    removed = outbox.cleanup(older_than=parse_duration(older_than, "--older-than"), batch=batch)
+    click.echo(f"removed {removed} sent events older than {older_than}")
+
+
+@main.command()
+@db_options
+@click.option("--id", "ids", type=int, multiple=True, help="Event row id (repeatable).")
+@click.option("--topic", help="Every dead event of this topic.")
+@click.option("--key", help="Every dead event of this key.")
+@click.option("--all", "all_dead", is_flag=True, help="Every dead event.")
+@handle_errors
+def replay(
+    config_file: str | None,
+    ids: tuple[int, ...],
+    topic: str | None,
+    key: str | None,
+    all_dead: bool,
+    **values: Any,
+) -> None:
+    """Return dead events to pending, attempts reset."""
+    outbox = _outbox(_settings(config_file, **values))
+    n = outbox.replay(ids=list(ids) or None, topic=topic, key=key, all=all_dead)
+    click.echo(f"replayed {n} dead events")
+
+
+@main.command()
+@click.option("--events", default=400, show_default=True, type=click.IntRange(10, 100_000))
+@click.option("--keys", default=12, show_default=True, type=click.IntRange(1, 1000))
+def demo(events: int, keys: int) -> None:
+    """Show the guarantees on a temporary SQLite file: crash, takeover, no loss."""
+    from outbox_core.demo import run_demo
+
+    logging.getLogger("outbox").setLevel(logging.ERROR)
+    started = time.monotonic()
+    report = run_demo(events=events, keys=keys)
+    click.echo(report.render())
+    logging.getLogger("outbox").debug("demo took %.1fs", time.monotonic() - started)
+    sys.exit(0 if report.ok else 1)
