@@ -1,0 +1,98 @@
+"""Shared fixtures: database URLs per dialect, unique tables, CI strictness.
+
+SQLite always runs. PostgreSQL and MariaDB/MySQL run against the URLs in
+``OUTBOX_TEST_POSTGRESQL_URL`` / ``OUTBOX_TEST_MYSQL_URL`` (defaults: the
+servers on loopback); SQL Server only where ``OUTBOX_TEST_MSSQL_URL`` is set.
+With ``CI=true`` an unreachable PostgreSQL, MariaDB or RabbitMQ fails the
+test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from outbox_core import Outbox
+
+DEFAULT_URLS = {
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql+pymysql://root@127.0.0.1:3306/test",
+}
+REQUIRED_IN_CI = {"postgresql", "mysql", "rabbitmq"}
+ALL_BACKENDS = ["sqlite", "postgresql", "mysql", "mssql"]
+
+_reachable: dict[str, str | None] = {}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(service: str, reason: str) -> None:
+    """Fail in CI for required services, skip elsewhere."""
+    if in_ci() and service in REQUIRED_IN_CI:
+        pytest.fail(f"{service} is required in CI but unavailable: {reason}")
+    pytest.skip(f"{service} unavailable: {reason}")
+
+
+def server_url(backend: str) -> str | None:
+    env = os.environ.get(f"OUTBOX_TEST_{backend.upper()}_URL")
+    return env or DEFAULT_URLS.get(backend)
+
+
+def _probe(url: str) -> str | None:
+    """None when the server answers, else the reason."""
+    if url in _reachable:
+        return _reachable[url]
+    args = {"connect_timeout": 3} if not url.startswith("mssql") else {"timeout": 3}
+    try:
+        engine = sa.create_engine(url, connect_args=args)
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        engine.dispose()
+        reason = None
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    _reachable[url] = reason
+    return reason
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path) -> str:
+    """A reachable URL for ``backend`` (skip or fail as the rules above say)."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
+    url = server_url(backend)
+    if url is None:
+        pytest.skip(f"{backend}: set OUTBOX_TEST_{backend.upper()}_URL to run")
+    reason = _probe(url)
+    if reason is not None:
+        unavailable(backend, reason)
+    return url
+
+
+@pytest.fixture
+def table_name() -> str:
+    return f"obx_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def outbox(db_url: str, table_name: str) -> Iterator[Outbox]:
+    """An installed outbox on its own table, dropped afterwards."""
+    ob = Outbox(db_url, table=table_name)
+    ob.install()
+    try:
+        yield ob
+    finally:
+        ob.tables.metadata.drop_all(ob.engine)
+        ob.dispose()

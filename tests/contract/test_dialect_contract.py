@@ -1,0 +1,484 @@
+"""The dialect contract: written once, run on every reachable database.
+
+Each test names the guarantee it checks; ``backend`` parametrises it over
+SQLite, PostgreSQL, MariaDB/MySQL and (where configured) SQL Server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core import (
+    EventError,
+    InvalidIdentifier,
+    Outbox,
+    Outcome,
+    PayloadError,
+    State,
+    UnknownBroker,
+    UnknownDialect,
+)
+from outbox_core.message import Event, Failure
+
+LEASE = 30.0
+
+
+def enqueue_many(outbox: Outbox, n: int, *, key: str | None = None, topic: str = "t") -> list[str]:
+    with outbox.engine.begin() as conn:
+        return [outbox.enqueue(conn, topic, {"n": i}, key=key) for i in range(n)]
+
+
+def rows(outbox: Outbox) -> list[sa.Row[Any]]:
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        return list(conn.execute(sa.select(t).order_by(t.c.id)))
+
+
+def by_state(outbox: Outbox) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for r in rows(outbox):
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return counts
+
+
+def make_due(outbox: Outbox) -> None:
+    """Skip the backoff: every row is due now."""
+    t = outbox.table
+    with outbox.engine.begin() as conn:
+        conn.execute(sa.update(t).values(available_at=t.c.created_at))
+
+
+@contextmanager
+def connection(outbox: Outbox) -> Iterator[sa.Connection]:
+    conn = outbox.dialect.connect(outbox.engine)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def claim(outbox: Outbox, conn: sa.Connection, token: str, **kw: Any) -> list[Event]:
+    args: dict[str, Any] = {"limit": 10, "lease": LEASE, "ordered": False}
+    args.update(kw)
+    return outbox.dialect.claim(conn, token=token, **args)
+
+
+def set_lock_timeout(conn: sa.Connection, backend: str, seconds: int) -> None:
+    """Bound lock waits so a claim that waited on another's locks fails loudly."""
+    if backend == "postgresql":
+        conn.exec_driver_sql(f"SET lock_timeout = '{seconds}s'")
+    elif backend == "mysql":
+        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+    elif backend == "mssql":
+        conn.exec_driver_sql(f"SET LOCK_TIMEOUT {seconds * 1000}")
+    conn.commit()
+
+
+# -- atomic with the business transaction -----------------------------------------
+
+
+def test_committed_event_is_claimable_rolled_back_never(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        committed = outbox.enqueue(conn, "order.created", {"id": 1}, key="order-1")
+    with pytest.raises(RuntimeError), outbox.engine.begin() as conn:
+        outbox.enqueue(conn, "order.created", {"id": 2}, key="order-2")
+        raise RuntimeError("business rule failed")
+    with connection(outbox) as conn:
+        claimed = claim(outbox, conn, "relay-a")
+        assert [e.event_id for e in claimed] == [committed]
+        assert claimed[0].payload == {"id": 1}
+        assert claimed[0].key == "order-1"
+        assert claimed[0].attempts == 1
+        assert claim(outbox, conn, "relay-b") == []
+    assert len(rows(outbox)) == 1
+
+
+def test_enqueue_never_commits_the_callers_transaction(outbox: Outbox) -> None:
+    with outbox.engine.connect() as conn:
+        outbox.enqueue(conn, "t", {"a": 1})
+        assert conn.in_transaction()
+        conn.rollback()
+    assert rows(outbox) == []
+
+
+def test_enqueue_with_a_session(outbox: Outbox) -> None:
+    with Session(outbox.engine) as session:
+        event_id = outbox.enqueue(session, "t", {"a": 1}, headers={"traceparent": "00-x"})
+        session.rollback()
+        outbox.enqueue(session, "t", {"b": 2})
+        session.commit()
+    [row] = rows(outbox)
+    assert row.payload == {"b": 2}
+    assert str(row.event_id) != event_id
+
+
+def test_enqueue_async(backend: str, outbox: Outbox, db_url: str) -> None:
+    pytest.importorskip("greenlet")
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    async_urls = {
+        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
+        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
+    }
+    if backend not in async_urls:
+        pytest.skip(f"no async driver for {backend} in the test dependencies")
+
+    async def scenario() -> list[str]:
+        engine = create_async_engine(async_urls[backend])
+        ids = []
+        try:
+            async with engine.begin() as conn:
+                ids.append(await outbox.enqueue_async(conn, "t", {"via": "conn"}, key="k"))
+            async with AsyncSession(engine) as session:
+                ids.append(await outbox.enqueue_async(session, "t", {"via": "session"}))
+                await session.commit()
+            async with AsyncSession(engine) as session:
+                await outbox.enqueue_async(session, "t", {"via": "rolled back"})
+                await session.rollback()
+        finally:
+            await engine.dispose()
+        return ids
+
+    ids = asyncio.run(scenario())
+    assert [str(r.event_id) for r in rows(outbox)] == ids
+
+
+# -- exclusive claims -----------------------------------------------------------------
+
+
+def test_two_relays_claim_disjoint_rows_without_waiting(backend: str, outbox: Outbox) -> None:
+    enqueue_many(outbox, 10)
+    with connection(outbox) as a, connection(outbox) as b:
+        if not outbox.dialect.row_locks:
+            # SQLite: writers take turns, so claims are serial; still disjoint.
+            first = claim(outbox, a, "a", limit=4)
+            second = claim(outbox, b, "b", limit=10)
+        else:
+            set_lock_timeout(b, backend, 2)
+            outbox.dialect.prepare(a)
+            a.begin()  # hold relay A's claim open: its rows stay locked
+            first = claim(outbox, a, "a", limit=4)
+            started = time.monotonic()
+            second = claim(outbox, b, "b", limit=10)
+            waited = time.monotonic() - started
+            a.commit()
+            assert waited < 1.5, f"relay B waited {waited:.2f}s on relay A's locks"
+        assert len(first) == 4
+        assert len(second) == 6
+        assert {e.id for e in first}.isdisjoint({e.id for e in second})
+    assert by_state(outbox) == {int(State.LEASED): 10}
+
+
+def test_claim_never_exceeds_the_limit_and_returns_oldest_first(outbox: Outbox) -> None:
+    enqueue_many(outbox, 25)
+    with connection(outbox) as conn:
+        batch = claim(outbox, conn, "a", limit=7)
+    ids = [e.id for e in batch]
+    assert len(ids) == 7
+    assert ids == sorted(ids)
+    assert ids == [r.id for r in rows(outbox)][:7]
+
+
+def test_delayed_event_is_not_claimed_before_its_time(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        outbox.enqueue(conn, "later", {}, delay=3600)
+        now_id = outbox.enqueue(conn, "now", {})
+    with connection(outbox) as conn:
+        assert [e.event_id for e in claim(outbox, conn, "a")] == [now_id]
+
+
+def test_expired_lease_is_claimed_again_and_stale_writes_change_nothing(outbox: Outbox) -> None:
+    enqueue_many(outbox, 1)
+    with connection(outbox) as a, connection(outbox) as b:
+        [stale] = claim(outbox, a, "relay-a", lease=0.2)
+        time.sleep(0.5)
+        assert claim(outbox, b, "relay-b") == []  # still leased until reaped
+        assert outbox.dialect.reap(b, max_attempts=10) == 1
+        [fresh] = claim(outbox, b, "relay-b")
+        assert fresh.id == stale.id
+        assert fresh.attempts == 2
+        d = outbox.dialect
+        assert d.mark_sent(a, [stale.id], token="relay-a", delete=False) == 0
+        assert d.mark_failed(a, [Failure(stale.id, "late", 0.0)], token="relay-a") == 0
+        assert d.release(a, [stale.id], token="relay-a") == 0
+        assert d.mark_sent(a, [stale.id], token="relay-a", delete=True) == 0
+        assert d.mark_sent(b, [fresh.id], token="relay-b", delete=False) == 1
+    [row] = rows(outbox)
+    assert row.state == State.SENT
+    assert row.sent_at is not None
+    assert row.lease_owner is None
+
+
+def test_expired_but_unclaimed_lease_can_still_be_settled_by_its_owner(outbox: Outbox) -> None:
+    enqueue_many(outbox, 1)
+    with connection(outbox) as conn:
+        [event] = claim(outbox, conn, "slow", lease=0.1)
+        time.sleep(0.3)
+        assert outbox.dialect.reap(conn, max_attempts=10) == 1
+        # Nobody re-claimed it: the slow relay's publish counts, no duplicate.
+        assert outbox.dialect.mark_sent(conn, [event.id], token="slow", delete=False) == 1
+    assert by_state(outbox) == {int(State.SENT): 1}
+
+
+def test_reap_makes_an_event_dead_once_its_attempts_are_spent(outbox: Outbox) -> None:
+    enqueue_many(outbox, 1)
+    with connection(outbox) as conn:
+        for attempt in range(1, 4):
+            [event] = claim(outbox, conn, f"crash-{attempt}", lease=0.05)
+            assert event.attempts == attempt
+            time.sleep(0.15)
+            assert outbox.dialect.reap(conn, max_attempts=3) == 1
+    [row] = rows(outbox)
+    assert row.state == State.DEAD
+    assert "lease expired" in row.last_error
+
+
+# -- retries, dead events -----------------------------------------------------------------
+
+
+def _relay(outbox: Outbox, decide: Any = None, **knobs: Any) -> tuple[Any, MemoryQueue]:
+    queue = MemoryQueue("test")
+    defaults: dict[str, Any] = {"reap_interval": 0, "cleanup_after": 0}
+    defaults.update(knobs)
+    return outbox.relay(MemoryBroker(queue, decide=decide), **defaults), queue
+
+
+def test_transient_failure_backs_off_then_dead_after_max_attempts(outbox: Outbox) -> None:
+    enqueue_many(outbox, 1)
+    relay, queue = _relay(
+        outbox, lambda e: Outcome.retry("broker said 503"), max_attempts=3, backoff_base=60
+    )
+    result = relay.run_once()
+    assert (result.claimed, result.retried, result.dead) == (1, 1, 0)
+    [row] = rows(outbox)
+    assert row.state == State.PENDING
+    assert row.last_error == "broker said 503"
+    available = row.available_at.replace(tzinfo=None)
+    created = row.created_at.replace(tzinfo=None)
+    assert (available - created).total_seconds() >= 25  # 60s, jittered down to at most half
+    assert relay.run_once().claimed == 0  # not due yet
+    make_due(outbox)
+    relay2, _ = _relay(outbox, lambda e: Outcome.retry("still 503"), max_attempts=3, backoff_base=0)
+    relay2.run_once()
+    relay2.run_once()
+    [row] = rows(outbox)
+    assert row.state == State.DEAD
+    assert row.attempts == 3
+    assert row.last_error == "still 503"
+    assert relay2.run_once().claimed == 0
+    assert queue.snapshot() == []
+    relay.close()
+    relay2.close()
+
+
+def test_reject_is_dead_at_once_with_its_error(outbox: Outbox) -> None:
+    enqueue_many(outbox, 2)
+    first_id = rows(outbox)[0].id
+    rejecting = {first_id}
+    relay, queue = _relay(
+        outbox, lambda e: Outcome.reject("no queue bound") if e.id in rejecting else None
+    )
+    result = relay.run_once()
+    assert (result.sent, result.dead) == (1, 1)
+    states = {r.id: (r.state, r.attempts, r.last_error) for r in rows(outbox)}
+    assert states[first_id] == (State.DEAD, 1, "no queue bound")
+    assert len(queue.snapshot()) == 1
+    assert outbox.status().dead[0].last_error == "no queue bound"
+    rejecting.clear()
+    assert outbox.replay(topic="t") == 1
+    assert relay.run_once().sent == 1  # the replayed event is due at once
+    relay.close()
+
+
+def test_replay_returns_dead_events_to_pending(outbox: Outbox) -> None:
+    enqueue_many(outbox, 3)
+    relay, _ = _relay(outbox, lambda e: Outcome.reject("bad"))
+    relay.run_once()
+    assert by_state(outbox) == {int(State.DEAD): 3}
+    first = rows(outbox)[0].id
+    assert outbox.replay(ids=[first]) == 1
+    assert outbox.replay(all=True) == 2
+    assert by_state(outbox) == {int(State.PENDING): 3}
+    assert all(r.attempts == 0 for r in rows(outbox))
+    relay.close()
+
+
+# -- ordered mode ------------------------------------------------------------------------------
+
+
+def test_ordered_head_of_key_blocks_the_next_event_of_its_key(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        k1 = [outbox.enqueue(conn, "t", {"i": i}, key="k1") for i in range(3)]
+        k2 = [outbox.enqueue(conn, "t", {"i": i}, key="k2") for i in range(2)]
+        free = outbox.enqueue(conn, "t", {"free": True})
+    with connection(outbox) as a, connection(outbox) as b:
+        first = claim(outbox, a, "a", ordered=True, limit=1)
+        assert [e.event_id for e in first] == [k1[0]]
+        # k1's head is leased: B gets k2's head and the keyless event, never k1[1].
+        second = claim(outbox, b, "b", ordered=True)
+        assert {e.event_id for e in second} == {k2[0], free}
+        assert claim(outbox, b, "b2", ordered=True) == []
+        outbox.dialect.mark_sent(a, [first[0].id], token="a", delete=False)
+        third = claim(outbox, b, "b3", ordered=True)
+        assert [e.event_id for e in third] == [k1[1]]
+
+
+def test_ordered_head_in_an_open_claim_still_blocks_its_key(backend: str, outbox: Outbox) -> None:
+    if not outbox.dialect.row_locks:
+        pytest.skip("SQLite claims are serial: no claim can be open during another")
+    with outbox.engine.begin() as conn:
+        k = [outbox.enqueue(conn, "t", {"i": i}, key="k") for i in range(2)]
+    with connection(outbox) as a, connection(outbox) as b:
+        set_lock_timeout(b, backend, 2)
+        outbox.dialect.prepare(a)
+        a.begin()
+        assert [e.event_id for e in claim(outbox, a, "a", ordered=True)] == [k[0]]
+        # The head is locked and not yet committed as leased; SKIP LOCKED skips
+        # it, but the plain head-of-key read still sees it pending.
+        assert claim(outbox, b, "b", ordered=True) == []
+        a.commit()
+
+
+def test_ordered_dead_head_blocks_its_key_unless_told_otherwise(
+    db_url: str, outbox: Outbox
+) -> None:
+    with outbox.engine.begin() as conn:
+        k = [outbox.enqueue(conn, "t", {"i": i}, key="k") for i in range(2)]
+    relay, queue = _relay(outbox, lambda e: Outcome.reject("poison"), ordered=True)
+    relay.run_once()
+    relay.close()
+    with connection(outbox) as conn:
+        assert claim(outbox, conn, "a", ordered=True) == []
+    skipping = Outbox(db_url, table=outbox.table.name, block_on_dead=False)
+    try:
+        with connection(skipping) as conn:
+            assert [e.event_id for e in claim(skipping, conn, "b", ordered=True)] == [k[1]]
+    finally:
+        skipping.dispose()
+    assert queue.snapshot() == []
+
+
+def test_ordered_relays_deliver_each_key_in_order(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        for i in range(30):
+            outbox.enqueue(conn, "t", {"i": i}, key=f"k{i % 3}")
+    queue = MemoryQueue("ordered")
+    relays = [
+        outbox.relay(MemoryBroker(queue), ordered=True, batch_size=2, reap_interval=0)
+        for _ in range(3)
+    ]
+    for _ in range(40):
+        if not sum(r.run_once().claimed for r in relays):
+            break
+    delivered = queue.snapshot()
+    assert len(delivered) == 30
+    for key in ("k0", "k1", "k2"):
+        seq = [e.payload["i"] for e in delivered if e.key == key]
+        assert seq == sorted(seq)
+    for r in relays:
+        r.close()
+
+
+# -- release, cleanup ------------------------------------------------------------------------------
+
+
+def test_release_returns_unpublished_claims_without_burning_an_attempt(outbox: Outbox) -> None:
+    enqueue_many(outbox, 3)
+    with connection(outbox) as conn:
+        claimed = claim(outbox, conn, "shutting-down")
+        assert outbox.dialect.release(conn, [e.id for e in claimed], token="shutting-down") == 3
+        again = claim(outbox, conn, "next")
+    assert [e.id for e in again] == [e.id for e in claimed]
+    assert all(e.attempts == 1 for e in again)
+
+
+def test_cleanup_removes_only_old_sent_rows_in_batches(outbox: Outbox) -> None:
+    enqueue_many(outbox, 9)
+    d = outbox.dialect
+    with connection(outbox) as conn:
+        claimed = claim(outbox, conn, "a", limit=7)
+        ids = [e.id for e in claimed]
+        d.mark_sent(conn, ids[:5], token="a", delete=False)
+        d.mark_failed(conn, [Failure(ids[5], "poison", None)], token="a")  # dead
+        # ids[6] stays leased, two rows stay pending
+        time.sleep(0.05)
+        assert d.cleanup(conn, older_than=3600, batch=2) == 0  # none old enough
+        assert d.cleanup(conn, older_than=0, batch=2) == 2
+        assert d.cleanup(conn, older_than=0, batch=2) == 2
+        assert d.cleanup(conn, older_than=0, batch=2) == 1
+        assert d.cleanup(conn, older_than=0, batch=2) == 0
+    assert by_state(outbox) == {
+        int(State.DEAD): 1,
+        int(State.LEASED): 1,
+        int(State.PENDING): 2,
+    }
+    assert outbox.cleanup(older_than=0) == 0
+
+
+def test_delete_on_send_removes_the_row(outbox: Outbox) -> None:
+    enqueue_many(outbox, 3)
+    relay, queue = _relay(outbox, delete_on_send=True)
+    assert relay.run_once().sent == 3
+    assert rows(outbox) == []
+    assert len(queue.snapshot()) == 3
+    relay.close()
+
+
+def test_status_reports_counts_age_and_dead_topics(outbox: Outbox) -> None:
+    enqueue_many(outbox, 2, topic="a")
+    enqueue_many(outbox, 1, topic="b")
+    relay, _ = _relay(outbox, lambda e: Outcome.reject("nope") if e.topic == "b" else None)
+    relay.run_once()
+    relay.close()
+    status = outbox.status()
+    assert status.counts == {"pending": 0, "leased": 0, "sent": 2, "dead": 1}
+    assert status.oldest_pending_age is None
+    assert [(d.topic, d.count, d.last_error) for d in status.dead] == [("b", 1, "nope")]
+    enqueue_many(outbox, 1)
+    age = outbox.status().oldest_pending_age
+    assert age is not None
+    assert 0 <= age < 60
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_unserialisable_payload_names_the_field_and_writes_nothing(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        with pytest.raises(PayloadError, match=r"payload\['lines'\]\[1\]\['price'\].*Decimal"):
+            outbox.enqueue(conn, "t", {"lines": [{"price": 1}, {"price": Decimal("9.99")}]})
+        with pytest.raises(PayloadError, match=r"payload\['at'\].*datetime"):
+            outbox.enqueue(conn, "t", {"at": datetime.now(UTC)})
+        with pytest.raises(PayloadError, match=r"headers\['x'\]"):
+            outbox.enqueue(conn, "t", {}, headers={"x": 1})  # type: ignore[dict-item]
+        with pytest.raises(EventError, match="topic"):
+            outbox.enqueue(conn, "", {})
+        with pytest.raises(EventError, match="topic"):
+            outbox.enqueue(conn, "t" * 256, {})
+        with pytest.raises(EventError, match="key"):
+            outbox.enqueue(conn, "t", {}, key="k" * 256)
+        with pytest.raises(EventError, match="delay"):
+            outbox.enqueue(conn, "t", {}, delay=-1)
+    assert rows(outbox) == []
+
+
+def test_configuration_errors_are_named(db_url: str) -> None:
+    with pytest.raises(InvalidIdentifier, match="x; drop table y"):
+        Outbox(db_url, table="x; drop table y")
+    with pytest.raises(InvalidIdentifier, match="schema"):
+        Outbox(db_url, schema="a.b")
+    with pytest.raises(UnknownDialect, match="mssql, mysql, postgresql, sqlite"):
+        Outbox("oracle://scott:tiger@localhost/x")
+    with pytest.raises(UnknownBroker, match="amqp://.*memory://"):
+        Outbox(db_url).relay("kafka://localhost:9092")
