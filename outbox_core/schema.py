@@ -28,12 +28,12 @@ from outbox_core.errors import InvalidIdentifier
 DEFAULT_TABLE = "outbox"
 # Long enough for real names, short enough that index names stay under
 # PostgreSQL's 63-character limit.
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
 
 
 def validate_identifier(name: str, what: str = "table name") -> str:
     """Return ``name`` if it is a plain identifier, else raise :class:`InvalidIdentifier`."""
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise InvalidIdentifier(
             f"invalid {what} {name!r}: use 1-48 letters, digits or underscores, "
             "not starting with a digit"

@@ -480,5 +480,5 @@ def test_configuration_errors_are_named(db_url: str) -> None:
         Outbox(db_url, schema="a.b")
     with pytest.raises(UnknownDialect, match="mssql, mysql, postgresql, sqlite"):
         Outbox("oracle://scott:tiger@localhost/x")
-    with pytest.raises(UnknownBroker, match="amqp://.*memory://"):
+    with pytest.raises(UnknownBroker, match=r"amqp://.*memory://"):
         Outbox(db_url).relay("kafka://localhost:9092")

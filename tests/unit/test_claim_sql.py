@@ -1,0 +1,100 @@
+"""Each dialect's claim compiled to SQL, without a server."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mssql, mysql, postgresql, sqlite
+
+from dialects.base import Dialect, get_dialect
+from outbox_core.schema import OutboxTables
+
+
+def compiled(stmt: sa.ClauseElement, dialect: sa.Dialect) -> str:
+    return " ".join(str(stmt.compile(dialect=dialect)).split())
+
+
+def make(name: str, **kw: object) -> Dialect:
+    return get_dialect(name)(OutboxTables.create(), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_postgresql_claim_uses_a_materialized_cte_with_skip_locked(ordered: bool) -> None:
+    d = make("postgresql")
+    sql = compiled(
+        d.claim_statement(limit=50, lease=30, token="t", ordered=ordered), postgresql.dialect()
+    )
+    assert sql.startswith("WITH c AS MATERIALIZED (SELECT outbox.id")
+    assert "FOR UPDATE SKIP LOCKED" in sql
+    assert "UPDATE outbox SET" in sql and "FROM c WHERE outbox.id = c.id" in sql
+    assert "RETURNING" in sql
+    # Never the IN (SELECT ... LIMIT ... SKIP LOCKED) form the planner may re-run.
+    assert not re.search(r"IN \(SELECT", sql)
+    assert ("NOT (EXISTS" in sql) is ordered
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_mysql_claim_selects_for_update_skip_locked(ordered: bool) -> None:
+    d = make("mysql")
+    sql = compiled(d.claim_statement(limit=50, ordered=ordered), mysql.dialect())
+    assert sql.endswith("FOR UPDATE SKIP LOCKED")
+    assert "ORDER BY outbox.id LIMIT" in sql
+    assert "UTC_TIMESTAMP" in sql.upper()
+    if ordered:
+        # The head-of-key subquery is a plain read: exactly one locking clause.
+        assert sql.count("FOR UPDATE") == 1
+        assert "NOT (EXISTS (SELECT" in sql
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_mssql_claim_uses_readpast_hints_and_output(ordered: bool) -> None:
+    d = make("mssql")
+    sql = compiled(
+        d.claim_statement(limit=50, lease=30, token="t", ordered=ordered), mssql.dialect()
+    )
+    assert "FROM outbox WITH (ROWLOCK, UPDLOCK, READPAST)" in sql
+    assert sql.startswith("WITH c AS (SELECT TOP")
+    assert "UPDATE c SET" in sql
+    assert "OUTPUT inserted.id" in sql
+    assert "FOR UPDATE" not in sql  # SQLAlchemy would drop it silently anyway
+    if ordered:
+        # The predecessor check must not skip locked rows: only one hint.
+        assert sql.count("READPAST") == 1
+        assert "FROM outbox AS p WHERE" in sql
+
+
+def test_mssql_batches_are_capped_far_below_lock_escalation() -> None:
+    d = make("mssql")
+    assert d.max_batch <= 1000
+    stmt = d.claim_statement(limit=100_000, lease=30, token="t", ordered=False)
+    sql = str(stmt.compile(dialect=mssql.dialect(), compile_kwargs={"literal_binds": True}))
+    assert "TOP 1000" in sql
+
+
+def test_sqlite_claim_updates_with_returning() -> None:
+    d = make("sqlite")
+    sql = compiled(d.claim_statement(limit=5, lease=30, token="t", ordered=False), sqlite.dialect())
+    assert sql.startswith("UPDATE outbox SET")
+    assert "RETURNING" in sql
+    assert "FOR UPDATE" not in sql
+
+
+@pytest.mark.parametrize("block_on_dead, states", [(True, "0, 1, 3"), (False, "0, 1")])
+def test_head_of_key_blocking_states(block_on_dead: bool, states: str) -> None:
+    d = make("postgresql", block_on_dead=block_on_dead)
+    t = d.table
+    sql = str(
+        sa.select(t.c.id)
+        .where(d.head_of_key(t))
+        .compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+    )
+    assert f"p.state IN ({states})" in sql
+
+
+def test_settling_writes_are_fenced_by_the_token() -> None:
+    d = make("postgresql")
+    sql = compiled(sa.update(d.table).where(d.owned([1, 2], "tok")), postgresql.dialect())
+    assert "outbox.lease_owner = %(lease_owner_1)s" in sql
+    assert "outbox.state IN" in sql
