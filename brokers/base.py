@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from outbox_core.errors import UnknownBroker
+from outbox_core.errors import BrokerError, UnknownBroker
 from outbox_core.message import Event, Outcome
 
 
@@ -51,6 +51,9 @@ REGISTRY: dict[str, str] = {
 }
 
 
+_EXTRAS = {"amqp": "rabbitmq", "amqps": "rabbitmq", "http": "webhook", "https": "webhook"}
+
+
 def known_schemes() -> list[str]:
     """URL schemes :func:`create_broker` accepts."""
     return sorted(REGISTRY)
@@ -67,5 +70,11 @@ def create_broker(url: str, **options: Any) -> Broker:
             + ", ".join(f"{s}://" for s in known_schemes())
         )
     module_name, _, cls_name = target.partition(":")
-    cls: type[Broker] = getattr(importlib.import_module(module_name), cls_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = _EXTRAS.get(scheme)
+        hint = f"; install it with: pip install 'outbox-toolkit[{extra}]'" if extra else ""
+        raise BrokerError(f"the {scheme}:// broker needs a missing package ({exc}){hint}") from exc
+    cls: type[Broker] = getattr(module, cls_name)
     return cls.from_url(url, **options)

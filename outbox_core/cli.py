@@ -205,13 +205,13 @@ def relay(
             raise ConfigurationError(f"--broker-option takes KEY=VALUE, got {item!r}")
         options[key.replace("-", "_")] = value
     outbox = _outbox(settings)
-    outbox.check()
-    relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
     logging.getLogger("outbox.relay").info(
         "relaying %s -> %s",
         mask_url(outbox.url.render_as_string(hide_password=False)),
         mask_url(settings.broker_url),
     )
+    outbox.check()
+    relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
     if once:
         result = relay.run_once()
         relay.close()
@@ -301,3 +301,7 @@ def demo(events: int, keys: int) -> None:
     click.echo(report.render())
     logging.getLogger("outbox").debug("demo took %.1fs", time.monotonic() - started)
     sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

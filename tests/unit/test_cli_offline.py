@@ -1,0 +1,31 @@
+"""CLI commands that need no server."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from outbox_core.cli import main
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql", "mssql", "sqlite"])
+def test_schema_prints_ddl_without_connecting(dialect: str) -> None:
+    result = CliRunner().invoke(main, ["schema", "--dialect", dialect, "--table", "events"])
+    assert result.exit_code == 0, result.output
+    assert "CREATE TABLE events" in result.output
+    assert "CREATE TABLE events_inbox" in result.output
+
+
+def test_schema_refuses_a_bad_table_name() -> None:
+    result = CliRunner().invoke(main, ["schema", "--dialect", "sqlite", "--table", "x; drop"])
+    assert result.exit_code == 2
+    assert "invalid table name" in result.output
+
+
+def test_demo_holds_every_guarantee() -> None:
+    result = CliRunner().invoke(main, ["demo", "--events", "150"])
+    assert result.exit_code == 0, result.output
+    assert "lost                                 0" in result.output
+    assert "per-key order violations             0" in result.output
+    assert "killed mid-batch" in result.output
+    assert "OK: every guarantee held" in result.output
