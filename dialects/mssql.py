@@ -12,7 +12,7 @@ the same committed version and both lease it. Batches stay far below the
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -55,18 +55,20 @@ class MssqlDialect(Dialect):
                 f"SQL Server {found} is too old: the outbox needs SQL Server 2016 (13.0) or newer"
             )
 
+    def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """``WITH (ROWLOCK, UPDLOCK, READPAST)`` on the outbox table (not on the ``p`` alias)."""
+        return select.with_hint(self.table, CLAIM_HINT, "mssql")
+
     def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
         """The claim: an updatable CTE read with ``READPAST``, leased with ``OUTPUT``."""
         t = self.table
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]
-        picked = (
+        picked = self.lock_rows(
             sa.select(*cols)
-            .with_hint(t, CLAIM_HINT, "mssql")
             .where(*self.claim_filter(t, ordered))
             .order_by(t.c.id)
             .limit(min(limit, self.max_batch))
-            .cte("c")
-        )
+        ).cte("c")
         # UPDATE c, not UPDATE outbox: the update goes through the CTE's rows,
         # so only the rows it locked are touched.
         c = sa.table("c", *(sa.column(col.name, col.type) for col in cols))

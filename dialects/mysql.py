@@ -66,15 +66,18 @@ class MysqlDialect(Dialect):
         version = tuple(v for v in (dialect.server_version_info or (0,)) if isinstance(v, int))
         check_version(bool(getattr(dialect, "is_mariadb", False)), version)
 
+    def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
+        return select.with_for_update(skip_locked=True)
+
     def claim_statement(self, *, limit: int, ordered: bool) -> sa.Select[Any]:
         """``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED``: read and lock the rows."""
         t = self.table
-        return (
+        return self.lock_rows(
             sa.select(*self.claim_columns(t))
             .where(*self.claim_filter(t, ordered))
             .order_by(t.c.id)
             .limit(limit)
-            .with_for_update(skip_locked=True)
         )
 
     def claim(

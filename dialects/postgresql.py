@@ -9,7 +9,7 @@ may run that subquery more than once and lease more than ``limit`` rows.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -44,18 +44,15 @@ class PostgresqlDialect(Dialect):
                 "(MATERIALIZED common table expressions with FOR UPDATE SKIP LOCKED)"
             )
 
+    def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
+        return select.with_for_update(skip_locked=True)
+
     def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
         """``WITH c AS MATERIALIZED (SELECT ... SKIP LOCKED) UPDATE ... FROM c RETURNING``."""
         t = self.table
-        picked = (
-            sa.select(t.c.id)
-            .where(*self.claim_filter(t, ordered))
-            .order_by(t.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("c")
-            .prefix_with("MATERIALIZED")
-        )
+        pick = sa.select(t.c.id).where(*self.claim_filter(t, ordered)).order_by(t.c.id)
+        picked = self.lock_rows(pick.limit(limit)).cte("c").prefix_with("MATERIALIZED")
         return (
             sa.update(t)
             .where(t.c.id == picked.c.id)

@@ -30,6 +30,7 @@ from outbox_core import (
     UnknownDialect,
 )
 from outbox_core.message import Event, Failure
+from tests.support import set_lock_timeout
 
 LEASE = 30.0
 
@@ -72,17 +73,6 @@ def claim(outbox: Outbox, conn: sa.Connection, token: str, **kw: Any) -> list[Ev
     args: dict[str, Any] = {"limit": 10, "lease": LEASE, "ordered": False}
     args.update(kw)
     return outbox.dialect.claim(conn, token=token, **args)
-
-
-def set_lock_timeout(conn: sa.Connection, backend: str, seconds: int) -> None:
-    """Bound lock waits so a claim that waited on another's locks fails loudly."""
-    if backend == "postgresql":
-        conn.exec_driver_sql(f"SET lock_timeout = '{seconds}s'")
-    elif backend == "mysql":
-        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
-    elif backend == "mssql":
-        conn.exec_driver_sql(f"SET LOCK_TIMEOUT {seconds * 1000}")
-    conn.commit()
 
 
 # -- atomic with the business transaction -----------------------------------------
