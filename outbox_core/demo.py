@@ -32,19 +32,16 @@ class SimulatedCrash(BaseException):
 
 
 class CrashingBroker(Broker):
-    """Delivers normally until batch ``crash_on``, then publishes half of it and dies."""
+    """Publishes half of its first batch of two or more events, then dies."""
 
-    def __init__(self, inner: Broker, crash_on: int) -> None:
+    def __init__(self, inner: Broker) -> None:
         self.inner = inner
-        self.crash_on = crash_on
-        self.batches = 0
         self.crashed_size = 0
         self.crashed = threading.Event()
 
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
         """Publish, or publish half the batch and crash."""
-        self.batches += 1
-        if self.batches < self.crash_on or len(events) < 2:
+        if len(events) < 2:
             return self.inner.publish(events)
         self.inner.publish(events[: len(events) // 2])
         self.crashed_size = len(events)
@@ -72,7 +69,8 @@ class DemoReport:
     def ok(self) -> bool:
         """True when every guarantee held."""
         return (
-            not self.errors
+            self.crashed_batch > 0
+            and not self.errors
             and self.lost == 0
             and self.rolled_back_published == 0
             and self.order_violations == 0
@@ -136,7 +134,7 @@ def run_demo(
         meta.create_all(outbox.engine)
 
         queue = MemoryQueue("demo")
-        crasher = CrashingBroker(MemoryBroker(queue), crash_on=3)
+        crasher = CrashingBroker(MemoryBroker(queue))
         knobs: dict[str, Any] = {
             "ordered": True,
             "batch_size": 20,
@@ -152,10 +150,15 @@ def run_demo(
         committed: dict[str, tuple[str, int]] = {}  # event_id -> (key, sequence in key)
         rolled_back: set[str] = set()
         next_seq: dict[str, int] = {}
-        # Relay A starts first and alone so it is the one holding claims when it dies.
-        thread_a = _relay_thread(relay_a, errors)
+        thread_a: threading.Thread | None = None
         thread_b: threading.Thread | None = None
         for i in range(events):
+            if i == events // 3:
+                # Relay A starts alone on a backlog, so its first batch is a full
+                # one; it dies in the middle of it, then relay B starts.
+                thread_a = _relay_thread(relay_a, errors)
+                crasher.crashed.wait(timeout)
+                thread_b = _relay_thread(relay_b, errors)
             key = f"customer-{i % keys}"
             try:
                 with outbox.engine.begin() as conn:
@@ -171,10 +174,7 @@ def run_demo(
                 next_seq[key] = seq + 1
             except _Rollback:
                 pass
-            if thread_b is None and (crasher.crashed.is_set() or i == events // 2):
-                thread_b = _relay_thread(relay_b, errors)
-        if thread_b is None:
-            thread_b = _relay_thread(relay_b, errors)
+        assert thread_a is not None and thread_b is not None
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not errors:

@@ -1,0 +1,840 @@
+"""The broker contract, written once and run against every broker.
+
+* RabbitMQ: the real server (``OUTBOX_TEST_RABBITMQ_URL``, default
+  ``amqp://guest:guest@127.0.0.1:5672/%2F``); skipped when unreachable,
+  except under ``CI=true`` where it fails.
+* Webhook: a real HTTP server on 127.0.0.1 that verifies signatures.
+* Memory: the in-process broker.
+
+The contract (DESIGN.md section 5): one outcome per event, in order; ``ok``
+only once the broker took the message (it is really there); permanent
+failures ``reject``, transient ones ``retry``; a broker that is down gives
+``retry`` for every event and never raises.
+
+After the contract come broker-specific tests: message mapping, envelopes,
+connection loss and confirm timeouts (through a TCP proxy), webhook status
+handling, signing and concurrency.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import pika
+import pika.spec
+import pytest
+
+from brokers import cloudevents
+from brokers.base import Broker, create_broker
+from brokers.memory import MemoryBroker, MemoryQueue
+from brokers.rabbitmq import RabbitMQBroker, _Batch
+from brokers.webhook import WebhookBroker
+from outbox_core.errors import ConfigurationError
+from outbox_core.message import Event, Outcome, OutcomeKind
+from tests.contract.broker_fixtures import (
+    SECRET,
+    TRACEPARENT,
+    TcpProxy,
+    WebhookServer,
+    make_event,
+    require_rabbitmq,
+    unused_port,
+)
+
+OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
+BOUND = "contract.#"  # the test queue's binding: other topics are unroutable
+
+
+# ---------------------------------------------------------------------------
+# Harnesses: one per broker, the same questions answered for each
+
+
+@dataclass
+class Harness:
+    """A broker under test plus a way to see what really arrived and to inject failures."""
+
+    name: str
+    broker: Broker
+    #: event ids the broker (server) really holds -> (topic, headers, payload)
+    arrived: Callable[[], dict[str, tuple[str, dict[str, Any], Any]]]
+    #: make ``event`` fail permanently or transiently (retry_after seconds)
+    fail: Callable[[Event, str, float | None], Event]
+    down: Callable[[], Broker] | None
+    can_retry: bool = True
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+
+class RabbitState:
+    """A unique exchange and a queue bound to it with ``contract.#``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        suffix = uuid.uuid4().hex[:10]
+        self.exchange = f"test.outbox.{suffix}"
+        self.queue = f"test.outbox.q.{suffix}"
+        self.connection = pika.BlockingConnection(pika.URLParameters(url))
+        self.channel = self.connection.channel()
+        self.channel.exchange_declare(self.exchange, "topic", durable=True)
+        self.channel.queue_declare(self.queue, durable=False, arguments={"x-queue-type": "classic"})
+        self.channel.queue_bind(self.queue, self.exchange, BOUND)
+        self.seen: dict[str, tuple[str, dict[str, Any], Any]] = {}
+        self.messages: list[tuple[Any, bytes]] = []
+
+    def drain(self) -> list[tuple[Any, bytes]]:
+        """Fetch every message now in the queue."""
+        fetched = []
+        while True:
+            method, properties, body = self.channel.basic_get(self.queue, auto_ack=True)
+            if method is None:
+                break
+            fetched.append((properties, body))
+            self.messages.append((properties, body))
+        return fetched
+
+    def arrived(self) -> dict[str, tuple[str, dict[str, Any], Any]]:
+        """Every message received so far, by message id."""
+        for properties, body in self.drain():
+            headers = dict(properties.headers or {})
+            payload = json.loads(body) if properties.content_type == "application/json" else body
+            self.seen[properties.message_id] = (properties.type, headers, payload)
+        return dict(self.seen)
+
+    def broker(self, url: str | None = None, **options: Any) -> RabbitMQBroker:
+        """A broker publishing to this exchange."""
+        options.setdefault("exchange", self.exchange)
+        broker = RabbitMQBroker.from_url(url or self.url, **options)
+        assert isinstance(broker, RabbitMQBroker)
+        return broker
+
+    def cleanup(self) -> None:
+        """Delete the queue and the exchange."""
+        try:
+            if self.connection.is_closed:
+                self.connection = pika.BlockingConnection(pika.URLParameters(self.url))
+            channel = self.connection.channel()
+            channel.queue_delete(self.queue)
+            channel.exchange_delete(self.exchange)
+            self.connection.close()
+        except pika.exceptions.AMQPError:
+            pass
+
+
+@pytest.fixture
+def rabbit() -> Iterator[RabbitState]:
+    state = RabbitState(require_rabbitmq())
+    yield state
+    state.cleanup()
+
+
+@pytest.fixture
+def webhook_server() -> Iterator[WebhookServer]:
+    server = WebhookServer().start()
+    yield server
+    server.stop()
+
+
+def _rabbit_harness(request: pytest.FixtureRequest) -> Harness:
+    state: RabbitState = request.getfixturevalue("rabbit")
+
+    def fail(event: Event, kind: str, retry_after: float | None) -> Event:
+        if kind != "reject":
+            pytest.skip("RabbitMQ has no switch for a transient failure of one message")
+        return make_event(f"unbound.{uuid.uuid4().hex[:6]}", key=event.key)
+
+    return Harness(
+        "rabbitmq",
+        state.broker(),
+        state.arrived,
+        fail,
+        down=lambda: RabbitMQBroker.from_url(
+            f"amqp://guest:guest@127.0.0.1:{unused_port()}/%2F", connect_timeout=3
+        ),
+        can_retry=False,
+    )
+
+
+def _webhook_harness(request: pytest.FixtureRequest) -> Harness:
+    server: WebhookServer = request.getfixturevalue("webhook_server")
+
+    def arrived() -> dict[str, tuple[str, dict[str, Any], Any]]:
+        return {
+            event_id: (r.json["topic"], r.json["headers"], r.json["payload"])
+            for event_id, r in server.accepted().items()
+        }
+
+    def fail(event: Event, kind: str, retry_after: float | None) -> Event:
+        if kind == "reject":
+            server.answer(event, 404, body="no such hook")
+        elif retry_after is None:
+            server.answer(event, 500, body="boom")
+        else:
+            server.answer(event, 429, retry_after=str(int(retry_after)))
+        return event
+
+    def down() -> Broker:
+        return WebhookBroker.from_url(f"http://127.0.0.1:{unused_port()}/hook", timeout=3)
+
+    return Harness(
+        "webhook",
+        WebhookBroker.from_url(server.url, secret=SECRET),
+        arrived,
+        fail,
+        down=down,
+    )
+
+
+def _memory_harness(request: pytest.FixtureRequest) -> Harness:
+    queue = MemoryQueue(f"contract-{uuid.uuid4().hex[:8]}")
+    verdicts: dict[str, Outcome] = {}
+
+    def fail(event: Event, kind: str, retry_after: float | None) -> Event:
+        verdicts[event.event_id] = (
+            Outcome.reject("rejected by test")
+            if kind == "reject"
+            else Outcome.retry("retry by test", retry_after=retry_after)
+        )
+        return event
+
+    def arrived() -> dict[str, tuple[str, dict[str, Any], Any]]:
+        return {e.event_id: (e.topic, dict(e.headers), e.payload) for e in queue.snapshot()}
+
+    return Harness(
+        "memory",
+        MemoryBroker(queue, decide=lambda e: verdicts.get(e.event_id)),
+        arrived,
+        fail,
+        down=None,
+    )
+
+
+HARNESSES = {"rabbitmq": _rabbit_harness, "webhook": _webhook_harness, "memory": _memory_harness}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("rabbitmq", marks=pytest.mark.needs_server),
+        "webhook",
+        "memory",
+    ]
+)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    h = HARNESSES[request.param](request)
+    yield h
+    h.broker.close()
+    for cleanup in h.cleanups:
+        cleanup()
+
+
+def kinds(outcomes: Sequence[Outcome]) -> list[OutcomeKind]:
+    return [o.kind for o in outcomes]
+
+
+# ---------------------------------------------------------------------------
+# The contract
+
+
+def test_empty_batch(harness: Harness) -> None:
+    assert list(harness.broker.publish([])) == []
+
+
+def test_every_event_ok_in_order_and_really_arrived(harness: Harness) -> None:
+    events = [make_event(f"contract.e{i % 3}", key=f"k{i % 4}") for i in range(60)]
+    outcomes = harness.broker.publish(events)
+    assert kinds(outcomes) == [OK] * len(events)
+    arrived = harness.arrived()
+    for event in events:
+        topic, headers, payload = arrived[event.event_id]
+        assert topic == event.topic
+        assert payload == event.payload
+        assert headers["traceparent"] == TRACEPARENT
+        assert headers["x-test"] == "1"
+
+
+def test_mixed_batch_outcomes_line_up_with_events(harness: Harness) -> None:
+    events = [make_event(key="k1" if i % 2 else None) for i in range(8)]
+    events[1] = harness.fail(events[1], "reject", None)
+    events[6] = harness.fail(events[6], "reject", None)
+    outcomes = harness.broker.publish(events)
+    assert len(outcomes) == len(events)
+    expected = [REJECT if i in (1, 6) else OK for i in range(8)]
+    if harness.name == "webhook":  # same-key events after a failure wait for the next try
+        expected = [OK, REJECT, OK, RETRY, OK, RETRY, REJECT, RETRY]
+    assert kinds(outcomes) == expected
+    arrived = harness.arrived()
+    for event, outcome in zip(events, outcomes, strict=True):
+        assert (event.event_id in arrived) == outcome.is_ok
+        if not outcome.is_ok:
+            assert outcome.error
+
+
+def test_permanent_failure_is_reject_with_reason(harness: Harness) -> None:
+    event = harness.fail(make_event(), "reject", None)
+    [outcome] = harness.broker.publish([event])
+    assert outcome.kind is REJECT
+    assert outcome.error
+
+
+def test_transient_failure_is_retry_with_retry_after(harness: Harness) -> None:
+    if not harness.can_retry:
+        pytest.skip(f"{harness.name}: no way to make one message fail transiently")
+    plain = harness.fail(make_event(), "retry", None)
+    delayed = harness.fail(make_event(), "retry", 7)
+    fine = make_event()
+    outcomes = harness.broker.publish([plain, delayed, fine])
+    assert kinds(outcomes) == [RETRY, RETRY, OK]
+    assert outcomes[0].retry_after is None
+    assert outcomes[1].retry_after == pytest.approx(7)
+
+
+def test_consecutive_batches_reuse_the_broker(harness: Harness) -> None:
+    for _ in range(3):
+        events = [make_event() for _ in range(25)]
+        assert kinds(harness.broker.publish(events)) == [OK] * 25
+    assert len(harness.arrived()) >= 75
+
+
+def test_large_batch(harness: Harness) -> None:
+    events = [make_event(f"contract.big.{i % 7}") for i in range(1500)]
+    outcomes = harness.broker.publish(events)
+    failures = Counter(o.error for o in outcomes if not o.is_ok)
+    assert not failures, failures
+    assert {e.event_id for e in events} <= set(harness.arrived())
+
+
+def test_broker_down_every_outcome_retry_and_no_exception(harness: Harness) -> None:
+    if harness.down is None:
+        pytest.skip(f"{harness.name} cannot be down")
+    broker = harness.down()
+    try:
+        events = [make_event() for _ in range(5)]
+        for _ in range(2):  # the first try and the one inside the reconnect backoff
+            outcomes = broker.publish(events)
+            assert kinds(outcomes) == [RETRY] * len(events)
+            assert all(o.error for o in outcomes)
+    finally:
+        broker.close()
+
+
+def test_publish_after_close_is_retry(harness: Harness) -> None:
+    if harness.name == "memory":
+        pytest.skip("the memory broker has nothing to close")
+    harness.broker.close()
+    assert kinds(harness.broker.publish([make_event()])) == [RETRY]
+
+
+# ---------------------------------------------------------------------------
+# Registry
+
+
+def test_registry_creates_each_broker(webhook_server: WebhookServer) -> None:
+    rabbit = create_broker("amqp://guest:guest@127.0.0.1:5672/%2F", exchange="x")
+    assert isinstance(rabbit, RabbitMQBroker)
+    rabbit.close()
+    hook = create_broker(webhook_server.url, secret=SECRET, concurrency="4", timeout="2s")
+    assert isinstance(hook, WebhookBroker)
+    assert hook.concurrency == 4
+    assert hook.timeout == 2
+    hook.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("amqp://localhost/", {"exchnage": "typo"}),
+        ("amqp://localhost/", {"envelope": "xml"}),
+        ("amqp://localhost/", {"unroutable": "drop"}),
+        ("amqp://localhost/", {"routing_key": "{topic}.{nope}"}),
+        ("amqp://localhost/", {"routing_key": "{topic"}),
+        ("amqp://localhost/", {"declare_exchange": "maybe"}),
+        ("amqp://localhost/", {"confirm_timeout": "0"}),
+        ("amqp://localhost/", {"max_message_size": "big"}),
+        ("amqp://localhost/", {"ssl_context": "not a context"}),
+        ("amqp://localhost/", {"server_hostname": "needs-tls.example"}),
+        ("http://localhost/", {"envelope": "soap"}),
+        ("http://localhost/", {"secret": "whsec_!!!not-base64"}),
+        ("http://localhost/", {"concurrency": "0"}),
+        ("http://localhost/", {"headers": "not json"}),
+        ("http://localhost/", {"unknown": 1}),
+    ],
+)
+def test_bad_options_raise_configuration_error(url: str, options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        create_broker(url, **options)
+
+
+def test_rabbitmq_url_options() -> None:
+    tls = RabbitMQBroker.from_url(
+        "amqps://u:p@mq.example/vh?heartbeat=15",
+        connection_name="billing relay",
+        server_hostname="mq-internal.example",
+        confirm_timeout="2500ms",
+    )
+    params = tls.parameters
+    assert params.ssl_options is not None
+    assert params.ssl_options.server_hostname == "mq-internal.example"
+    assert params.port == 5671
+    assert params.virtual_host == "vh"
+    assert params.heartbeat == 15
+    assert params.client_properties["connection_name"] == "billing relay"
+    assert tls.confirm_timeout == 2.5
+    assert "p@" not in repr(tls)
+    plain = RabbitMQBroker.from_url("amqp://localhost/", heartbeat="0", declare_exchange="false")
+    assert plain.parameters.ssl_options is None
+    assert plain.parameters.heartbeat == 0
+    assert plain.declare_exchange is False
+    assert plain.parameters.client_properties["connection_name"] == "outbox-toolkit relay"
+
+
+# ---------------------------------------------------------------------------
+# RabbitMQ: message mapping and envelopes
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_message_properties(rabbit: RabbitState) -> None:
+    broker = rabbit.broker()
+    keyed = make_event("contract.order.created", key="order-7", attempts=3)
+    unkeyed = make_event("contract.order.paid", headers={})
+    assert kinds(broker.publish([keyed, unkeyed])) == [OK, OK]
+    broker.close()
+    (p1, b1), (p2, b2) = rabbit.drain()
+    assert p1.delivery_mode == 2
+    assert p1.message_id == keyed.event_id
+    assert p1.type == "contract.order.created"
+    assert p1.content_type == "application/json"
+    assert p1.timestamp == int(keyed.created_at.timestamp())
+    assert p1.headers == {
+        "traceparent": TRACEPARENT,
+        "x-test": "1",
+        "x-outbox-key": "order-7",
+        "x-outbox-attempt": 3,
+    }
+    assert json.loads(b1) == keyed.payload
+    assert p2.message_id == unkeyed.event_id
+    assert p2.headers == {"x-outbox-attempt": 1}
+    assert json.loads(b2) == unkeyed.payload
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_routing_key_template(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(routing_key="contract.{key}.{topic}")
+    event = make_event("order.created", key="eu")
+    stray = make_event("order.created")  # no key: "contract..order.created" still matches
+    assert kinds(broker.publish([event, stray])) == [OK, OK]
+    broker.close()
+    assert {p.message_id for p, _ in rabbit.drain()} == {event.event_id, stray.event_id}
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_cloudevents_structured(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(envelope="cloudevents", source="/shop/orders")
+    event = make_event("contract.order.created", key="order-1")
+    assert kinds(broker.publish([event])) == [OK]
+    broker.close()
+    [(properties, body)] = rabbit.drain()
+    assert properties.content_type == "application/cloudevents+json"
+    assert properties.message_id == event.event_id
+    document = json.loads(body)
+    assert document == {
+        "id": event.event_id,
+        "source": "/shop/orders",
+        "specversion": "1.0",
+        "type": "contract.order.created",
+        "subject": "order-1",
+        "time": "2024-05-01T12:30:15.250000Z",
+        "datacontenttype": "application/json",
+        "traceparent": TRACEPARENT,
+        "data": event.payload,
+    }
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_cloudevents_binary(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(envelope="cloudevents-binary")
+    event = make_event("contract.order.created", key="order-1")
+    assert kinds(broker.publish([event])) == [OK]
+    broker.close()
+    [(properties, body)] = rabbit.drain()
+    assert properties.content_type == "application/json"
+    headers = properties.headers
+    assert headers["cloudEvents:id"] == event.event_id
+    assert headers["cloudEvents:type"] == "contract.order.created"
+    assert headers["cloudEvents:source"] == "outbox"
+    assert headers["cloudEvents:specversion"] == "1.0"
+    assert headers["cloudEvents:subject"] == "order-1"
+    assert headers["cloudEvents:time"] == "2024-05-01T12:30:15.250000Z"
+    assert "cloudEvents:datacontenttype" not in headers
+    assert headers["x-outbox-key"] == "order-1"
+    assert json.loads(body) == event.payload
+    rebuilt = cloudevents.from_amqp_binary(headers, properties.content_type, body)
+    assert rebuilt["id"] == event.event_id
+    assert rebuilt["data"] == event.payload
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_unroutable_retry_option(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(unroutable="retry")
+    outcomes = broker.publish([make_event("nobody.listens"), make_event()])
+    broker.close()
+    assert kinds(outcomes) == [RETRY, OK]
+    assert "no queue bound for routing key 'nobody.listens'" in (outcomes[0].error or "")
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_unroutable_reject_names_routing_key(rabbit: RabbitState) -> None:
+    broker = rabbit.broker()
+    outcomes = broker.publish([make_event("nobody.listens")])
+    broker.close()
+    assert kinds(outcomes) == [REJECT]
+    assert "no queue bound for routing key 'nobody.listens'" in (outcomes[0].error or "")
+    assert rabbit.drain() == []
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_unencodable_event_is_rejected_alone(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(max_message_size=1000)
+    bad = make_event(payload={"x": float("nan")})
+    long_topic = make_event("contract." + "x" * 300)
+    huge = make_event(payload={"blob": "x" * 2000})
+    good = make_event()
+    outcomes = broker.publish([bad, long_topic, huge, good])
+    broker.close()
+    assert kinds(outcomes) == [REJECT, REJECT, REJECT, OK]
+    assert "max_message_size" in (outcomes[2].error or "")
+    assert [p.message_id for p, _ in rabbit.drain()] == [good.event_id]
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_passive_declare_of_missing_exchange_is_retry(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(exchange=f"missing.{uuid.uuid4().hex}", declare_exchange=False)
+    outcomes = broker.publish([make_event(), make_event()])
+    broker.close()
+    assert kinds(outcomes) == [RETRY, RETRY]
+    assert "NOT_FOUND" in (outcomes[0].error or "")
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_declares_its_exchange(rabbit: RabbitState) -> None:
+    name = f"test.outbox.declared.{uuid.uuid4().hex[:8]}"
+    broker = rabbit.broker(exchange=name, exchange_type="fanout")
+    try:
+        assert kinds(broker.publish([make_event()])) == [REJECT]  # declared, nothing bound
+        channel = rabbit.connection.channel()
+        channel.exchange_declare(name, "fanout", passive=True)  # raises if missing
+    finally:
+        broker.close()
+        rabbit.connection.channel().exchange_delete(name)
+
+
+# ---------------------------------------------------------------------------
+# RabbitMQ: connection trouble, through a proxy that can cut or blackhole
+
+
+@pytest.fixture
+def proxy(rabbit: RabbitState) -> Iterator[TcpProxy]:
+    parts = urlsplit(rabbit.url.replace("amqps", "http", 1).replace("amqp", "http", 1))
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_confirm_timeout_retries_then_reconnects(
+    rabbit: RabbitState, proxy: TcpProxy
+) -> None:
+    broker = rabbit.broker(proxy.url(rabbit.url), confirm_timeout=0.5)
+    try:
+        assert kinds(broker.publish([make_event()])) == [OK]
+        proxy.swallow_replies = True
+        started = time.monotonic()
+        outcomes = broker.publish([make_event() for _ in range(20)])
+        assert time.monotonic() - started < 5
+        assert kinds(outcomes) == [RETRY] * 20
+        assert "no publisher confirm" in (outcomes[0].error or "")
+        proxy.swallow_replies = False
+        assert kinds(broker.publish([make_event() for _ in range(5)])) == [OK] * 5
+        assert proxy.accepted == 2  # the stalled connection was replaced
+    finally:
+        broker.close()
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_connection_lost_mid_batch_is_retry(rabbit: RabbitState, proxy: TcpProxy) -> None:
+    broker = rabbit.broker(proxy.url(rabbit.url), confirm_timeout=20)
+    try:
+        assert kinds(broker.publish([make_event()])) == [OK]
+        proxy.swallow_replies = True  # hold the confirms back ...
+        threading.Timer(0.3, proxy.cut).start()  # ... then lose the connection
+        started = time.monotonic()
+        outcomes = broker.publish([make_event() for _ in range(50)])
+        assert time.monotonic() - started < 10  # not the 20s confirm timeout
+        assert kinds(outcomes) == [RETRY] * 50
+        assert "connection lost" in (outcomes[0].error or "")
+        proxy.swallow_replies = False
+        assert kinds(broker.publish([make_event() for _ in range(5)])) == [OK] * 5
+    finally:
+        broker.close()
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_connection_lost_while_idle_is_noticed_before_publishing(
+    rabbit: RabbitState, proxy: TcpProxy
+) -> None:
+    broker = rabbit.broker(proxy.url(rabbit.url))
+    try:
+        assert kinds(broker.publish([make_event()])) == [OK]
+        proxy.cut()
+        time.sleep(0.2)
+        assert kinds(broker.publish([make_event() for _ in range(5)])) == [OK] * 5
+        assert proxy.accepted == 2
+    finally:
+        broker.close()
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_reconnect_backoff_while_down(rabbit: RabbitState, proxy: TcpProxy) -> None:
+    url = proxy.url(rabbit.url)
+    broker = rabbit.broker(url, reconnect_max=1)
+    try:
+        assert kinds(broker.publish([make_event()])) == [OK]
+        proxy.close()  # nothing listens any more
+        first = broker.publish([make_event()])
+        assert kinds(first) == [RETRY]
+        second = broker.publish([make_event()])
+        assert kinds(second) == [RETRY]
+        assert second[0].retry_after is not None
+        assert 0 < second[0].retry_after <= 1
+        assert "next connection attempt" in (second[0].error or "")
+    finally:
+        broker.close()
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_survives_server_heartbeat_timeout_while_idle(rabbit: RabbitState) -> None:
+    broker = rabbit.broker(heartbeat=1)
+    try:
+        assert kinds(broker.publish([make_event()])) == [OK]
+        time.sleep(4)  # no I/O between batches: the server drops the connection
+        assert kinds(broker.publish([make_event() for _ in range(3)])) == [OK] * 3
+    finally:
+        broker.close()
+
+
+# ---------------------------------------------------------------------------
+# RabbitMQ: confirm book-keeping (no server: synthetic frames)
+
+
+def _confirm(kind: type, tag: int, multiple: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(method=kind(delivery_tag=tag, multiple=multiple))
+
+
+def _offline_broker(**options: Any) -> tuple[RabbitMQBroker, _Batch]:
+    broker = RabbitMQBroker.from_url("amqp://guest:guest@127.0.0.1:1/%2F", **options)
+    batch = _Batch(6)
+    batch.low = 11
+    for position in range(6):
+        batch.pending[11 + position] = position
+        batch.by_message_id.setdefault(f"id{position}", deque()).append(position)
+    broker._batch = batch
+    broker._next_tag = 16
+    return broker, batch
+
+
+def test_multiple_ack_confirms_every_tag_up_to_it() -> None:
+    broker, batch = _offline_broker()
+    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 13, multiple=True))
+    assert sorted(batch.pending) == [14, 15, 16]
+    broker._on_confirm(_confirm(pika.spec.Basic.Nack, 15, multiple=True))
+    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 16))
+    assert not batch.pending
+    assert kinds([o for o in batch.outcomes if o]) == [OK, OK, OK, RETRY, RETRY, OK]
+
+
+def test_return_then_ack_is_not_ok() -> None:
+    broker, batch = _offline_broker()
+    returned = SimpleNamespace(routing_key="a.b", exchange="ex", reply_code=312, reply_text="NO")
+    broker._on_return(None, returned, SimpleNamespace(message_id="id2"), b"")
+    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 16, multiple=True))
+    assert kinds([o for o in batch.outcomes if o]) == [OK, OK, REJECT, OK, OK, OK]
+    rejected = batch.outcomes[2]
+    assert rejected is not None
+    assert "no queue bound for routing key 'a.b'" in (rejected.error or "")
+
+
+def test_return_with_unroutable_retry() -> None:
+    broker, batch = _offline_broker(unroutable="retry")
+    returned = SimpleNamespace(routing_key="a.b", exchange="ex", reply_code=312, reply_text="NO")
+    broker._on_return(None, returned, SimpleNamespace(message_id="id0"), b"")
+    for tag in (16, 11, 12, 13, 14, 15):  # single acks, any order
+        broker._on_confirm(_confirm(pika.spec.Basic.Ack, tag))
+    assert kinds([o for o in batch.outcomes if o]) == [RETRY, OK, OK, OK, OK, OK]
+
+
+def test_stale_and_duplicate_confirms_are_ignored() -> None:
+    broker, batch = _offline_broker()
+    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 3))  # from an earlier batch
+    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 11))
+    broker._on_confirm(_confirm(pika.spec.Basic.Nack, 11))  # already settled
+    assert batch.outcomes[0] == Outcome.ok()
+    assert len(batch.pending) == 5
+
+
+# ---------------------------------------------------------------------------
+# Webhook: envelope, signing, statuses, timeouts, concurrency, ordering
+
+
+def test_webhook_plain_envelope_and_headers(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(
+        webhook_server.url, secret=SECRET, headers='{"X-Env": "test", "Authorization": "Bearer t"}'
+    )
+    event = make_event("order.created", key="order-9", attempts=2)
+    before = int(time.time())
+    assert kinds(broker.publish([event])) == [OK]
+    broker.close()
+    [received] = webhook_server.requests
+    assert received.json == {
+        "id": event.event_id,
+        "topic": "order.created",
+        "key": "order-9",
+        "payload": event.payload,
+        "headers": dict(event.headers),
+        "created_at": "2024-05-01T12:30:15.250000Z",
+        "attempt": 2,
+    }
+    headers = received.headers
+    assert headers["content-type"] == "application/json"
+    assert headers["webhook-id"] == event.event_id
+    assert before <= int(headers["webhook-timestamp"]) <= int(time.time())
+    assert headers["webhook-signature"].startswith("v1,")
+    assert headers["x-env"] == "test"
+    assert headers["authorization"] == "Bearer t"
+    assert headers["traceparent"] == TRACEPARENT
+    assert webhook_server.bad_signatures == []
+
+
+def test_webhook_cloudevents_envelope(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(
+        webhook_server.url, secret=SECRET, envelope="cloudevents", source="urn:shop"
+    )
+    event = make_event("order.created")
+    assert kinds(broker.publish([event])) == [OK]
+    broker.close()
+    [received] = webhook_server.requests
+    assert received.headers["content-type"] == "application/cloudevents+json"
+    assert received.json["specversion"] == "1.0"
+    assert received.json["id"] == event.event_id
+    assert received.json["source"] == "urn:shop"
+    assert received.json["type"] == "order.created"
+    assert "subject" not in received.json
+    assert received.json["data"] == event.payload
+
+
+def test_webhook_wrong_secret_is_rejected_by_receiver(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(webhook_server.url, secret="whsec_" + "QUJD" * 8)
+    [outcome] = broker.publish([make_event()])
+    broker.close()
+    assert outcome.kind is REJECT
+    assert outcome.error and outcome.error.startswith("HTTP 401")
+    assert webhook_server.bad_signatures == ["webhook-signature does not match the body"]
+
+
+def test_webhook_status_classification(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(webhook_server.url, secret=SECRET)
+    events = [make_event() for _ in range(9)]
+    when = datetime.now(UTC) + timedelta(seconds=120)
+    webhook_server.answer(events[0], 201)
+    webhook_server.answer(events[1], 204)
+    webhook_server.answer(events[2], 400, body="bad request: " + "x" * 500)
+    webhook_server.answer(events[3], 408)
+    webhook_server.answer(events[4], 429, retry_after=format_datetime(when, usegmt=True))
+    webhook_server.answer(events[5], 503, retry_after="30")
+    webhook_server.answer(events[6], 410, body="gone")
+    webhook_server.answer(events[7], 308, location="https://elsewhere.example/hook")
+    webhook_server.answer(events[8], 502, retry_after="soon")
+    outcomes = broker.publish(events)
+    broker.close()
+    assert kinds(outcomes) == [OK, OK, REJECT, RETRY, RETRY, RETRY, REJECT, REJECT, RETRY]
+    assert outcomes[2].error is not None
+    assert outcomes[2].error.startswith("HTTP 400 Bad Request: bad request: xxx")
+    assert len(outcomes[2].error) < 260
+    assert outcomes[3].retry_after is None
+    assert outcomes[4].retry_after == pytest.approx(120, abs=3)
+    assert outcomes[5].retry_after == 30
+    assert outcomes[6].error == "HTTP 410 Gone: gone"
+    assert "redirects to https://elsewhere.example/hook" in (outcomes[7].error or "")
+    assert outcomes[8].retry_after is None
+
+
+def test_webhook_timeout_is_retry(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(webhook_server.url, secret=SECRET, timeout=0.3)
+    slow, fast = make_event(), make_event()
+    webhook_server.answer(slow, 200, delay=1.5)
+    outcomes = broker.publish([slow, fast])
+    broker.close()
+    assert kinds(outcomes) == [RETRY, OK]
+    assert "timed out" in (outcomes[0].error or "")
+
+
+def test_webhook_requests_run_concurrently_up_to_the_limit(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(webhook_server.url, secret=SECRET, concurrency=4)
+    webhook_server.default.delay = 0.1
+    events = [make_event(key=f"k{i}") for i in range(16)]
+    started = time.monotonic()
+    assert kinds(broker.publish(events)) == [OK] * 16
+    elapsed = time.monotonic() - started
+    broker.close()
+    assert webhook_server.max_in_flight == 4
+    assert elapsed < 16 * 0.1 * 0.6  # far from sequential
+
+
+def test_webhook_same_key_in_order_and_stops_after_failure(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(webhook_server.url, secret=SECRET, concurrency=8)
+    webhook_server.default.delay = 0.02
+    a = [make_event(key="A") for _ in range(5)]
+    b = [make_event(key="B") for _ in range(5)]
+    webhook_server.answer(b[2], 503)
+    events = [e for pair in zip(a, b, strict=True) for e in pair]
+    outcomes = broker.publish(events)
+    broker.close()
+    by_id = {e.event_id: o.kind for e, o in zip(events, outcomes, strict=True)}
+    assert [by_id[e.event_id] for e in a] == [OK] * 5
+    assert [by_id[e.event_id] for e in b] == [OK, OK, RETRY, RETRY, RETRY]
+    order_a = [r.event_id for r in webhook_server.requests if r.event_id in {e.event_id for e in a}]
+    assert order_a == [e.event_id for e in a]
+    sent_b = [r.event_id for r in webhook_server.requests if r.event_id in {e.event_id for e in b}]
+    assert sent_b == [e.event_id for e in b[:3]]  # nothing after the failure
+
+
+def test_webhook_unencodable_event_is_rejected_alone(webhook_server: WebhookServer) -> None:
+    broker = WebhookBroker.from_url(webhook_server.url, secret=SECRET)
+    outcomes = broker.publish([make_event(payload={"x": float("inf")}), make_event()])
+    broker.close()
+    assert kinds(outcomes) == [REJECT, OK]
+
+
+def test_webhook_without_secret_sends_no_signature(webhook_server: WebhookServer) -> None:
+    webhook_server.secret = None
+    broker = WebhookBroker.from_url(webhook_server.url)
+    assert kinds(broker.publish([make_event()])) == [OK]
+    broker.close()
+    [received] = webhook_server.requests
+    assert "webhook-signature" not in received.headers
+    assert "webhook-id" in received.headers
+
+
+def test_webhook_connection_refused_is_retry() -> None:
+    broker = WebhookBroker.from_url(f"http://127.0.0.1:{unused_port()}/", concurrency=2)
+    outcomes = broker.publish([make_event() for _ in range(4)])
+    broker.close()
+    assert kinds(outcomes) == [RETRY] * 4
+    assert "unreachable" in (outcomes[0].error or "")
