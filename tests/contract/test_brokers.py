@@ -45,15 +45,14 @@ from outbox_core.message import Event, Outcome, OutcomeKind
 from tests.contract.broker_fixtures import (
     SECRET,
     TRACEPARENT,
+    RabbitState,
     TcpProxy,
     WebhookServer,
     make_event,
-    require_rabbitmq,
     unused_port,
 )
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
-BOUND = "contract.#"  # the test queue's binding: other topics are unroutable
 
 
 # ---------------------------------------------------------------------------
@@ -73,68 +72,6 @@ class Harness:
     down: Callable[[], Broker] | None
     can_retry: bool = True
     cleanups: list[Callable[[], None]] = field(default_factory=list)
-
-
-class RabbitState:
-    """A unique exchange and a queue bound to it with ``contract.#``."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        suffix = uuid.uuid4().hex[:10]
-        self.exchange = f"test.outbox.{suffix}"
-        self.queue = f"test.outbox.q.{suffix}"
-        self.connection = pika.BlockingConnection(pika.URLParameters(url))
-        self.channel = self.connection.channel()
-        self.channel.exchange_declare(self.exchange, "topic", durable=True)
-        self.channel.queue_declare(self.queue, durable=False, arguments={"x-queue-type": "classic"})
-        self.channel.queue_bind(self.queue, self.exchange, BOUND)
-        self.seen: dict[str, tuple[str, dict[str, Any], Any]] = {}
-        self.messages: list[tuple[Any, bytes]] = []
-
-    def drain(self) -> list[tuple[Any, bytes]]:
-        """Fetch every message now in the queue."""
-        fetched = []
-        while True:
-            method, properties, body = self.channel.basic_get(self.queue, auto_ack=True)
-            if method is None:
-                break
-            fetched.append((properties, body))
-            self.messages.append((properties, body))
-        return fetched
-
-    def arrived(self) -> dict[str, tuple[str, dict[str, Any], Any]]:
-        """Every message received so far, by message id."""
-        for properties, body in self.drain():
-            headers = dict(properties.headers or {})
-            payload = json.loads(body) if properties.content_type == "application/json" else body
-            self.seen[properties.message_id] = (properties.type, headers, payload)
-        return dict(self.seen)
-
-    def broker(self, url: str | None = None, **options: Any) -> RabbitMQBroker:
-        """A broker publishing to this exchange."""
-        options.setdefault("exchange", self.exchange)
-        broker = RabbitMQBroker.from_url(url or self.url, **options)
-        assert isinstance(broker, RabbitMQBroker)
-        return broker
-
-    def cleanup(self) -> None:
-        """Delete the queue and the exchange."""
-        try:
-            if self.connection.is_closed:
-                self.connection = pika.BlockingConnection(pika.URLParameters(self.url))
-            channel = self.connection.channel()
-            channel.queue_delete(self.queue)
-            channel.exchange_delete(self.exchange)
-            self.connection.close()
-        except pika.exceptions.AMQPError:
-            pass
-
-
-@pytest.fixture
-def rabbit() -> Iterator[RabbitState]:
-    state = RabbitState(require_rabbitmq())
-    yield state
-    state.cleanup()
 
 
 @pytest.fixture
