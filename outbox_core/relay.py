@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -54,6 +55,15 @@ def translate_errors(operation: str) -> Iterator[None]:
 def _relay_id() -> str:
     host = socket.gethostname().split(".")[0][:20]
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """One claimed batch and the token that fences its settling."""
+
+    token: str
+    events: list[Event]
+    reaped: int = 0
 
 
 @dataclass
@@ -133,42 +143,48 @@ class Relay:
         self._claim_seq += 1
         return f"{self.name}:{self._claim_seq}:{uuid.uuid4().hex[:12]}"[:64]
 
-    # -- one cycle --------------------------------------------------------------------
+    # -- one cycle: claim, publish, settle ------------------------------------------
 
     def run_once(self) -> CycleResult:
         """Reap (when due), claim one batch, publish it, settle it, clean up (when due)."""
+        claim = self._claim()
+        result = CycleResult(claimed=len(claim.events), reaped=claim.reaped)
+        if claim.events:
+            outcomes = self._publish_or_release(claim)
+            result = self._settle(claim, outcomes, result)
+        return self._finish(result)
+
+    def _claim(self) -> _Claim:
+        """Tx 1: return expired leases when due, then lease one batch under a new token."""
+        s = self.settings
         try:
-            return self._cycle()
+            reaped = 0
+            if self._reap.ready(time.monotonic()):
+                with translate_errors("reap"):
+                    reaped = self.dialect.reap(self.conn, max_attempts=self.retry.max_attempts)
+                if reaped:
+                    log.warning("returned %d expired leases", reaped, extra={"count": reaped})
+            token = self.new_token()
+            with translate_errors("claim"):
+                events = self.dialect.claim(
+                    self.conn, limit=self.batch_size, lease=s.lease, token=token, ordered=s.ordered
+                )
         except DatabaseError:
             self._drop_connection()
             raise
+        return _Claim(token, events, reaped)
 
-    def _cycle(self) -> CycleResult:
-        s = self.settings
-        now = time.monotonic()
-        reaped = 0
-        if self._reap.ready(now):
-            with translate_errors("reap"):
-                reaped = self.dialect.reap(self.conn, max_attempts=self.retry.max_attempts)
-            if reaped:
-                log.warning(
-                    "returned %d expired leases to pending", reaped, extra={"count": reaped}
-                )
-        token = self.new_token()
-        with translate_errors("claim"):
-            events = self.dialect.claim(
-                self.conn, limit=self.batch_size, lease=s.lease, token=token, ordered=s.ordered
-            )
-        result = CycleResult(claimed=len(events), reaped=reaped)
-        if events:
-            result = self._deliver(events, token, result)
-        if self._cleanup.ready(time.monotonic()):
-            result = dataclasses.replace(result, cleaned=self.cleanup())
-        if self.on_cycle is not None:
-            self.on_cycle(result)
-        return result
+    def _publish_or_release(self, claim: _Claim) -> list[Outcome]:
+        try:
+            return self._publish(claim.events)
+        except (KeyboardInterrupt, SystemExit):
+            # Interrupted mid-publish (second signal): give the claims back now
+            # rather than leave them leased until the lease expires.
+            self._release(claim.events, claim.token)
+            raise
 
     def _publish(self, events: Sequence[Event]) -> list[Outcome]:
+        """No transaction is open here."""
         try:
             outcomes = list(self.broker.publish(events))
         except Exception as exc:  # a broker must not raise; if it does, nothing is confirmed
@@ -180,17 +196,14 @@ class Relay:
             return [Outcome.retry(error)] * len(events)
         return outcomes
 
-    def _deliver(self, events: list[Event], token: str, result: CycleResult) -> CycleResult:
-        try:
-            outcomes = self._publish(events)
-        except (KeyboardInterrupt, SystemExit):
-            # Interrupted mid-publish (second signal): give the claims back now
-            # rather than leave them leased until the lease expires.
-            self._release(events, token)
-            raise
+    def _settle(
+        self, claim: _Claim, outcomes: Sequence[Outcome], result: CycleResult
+    ) -> CycleResult:
+        """Tx 2: mark sent / failed, fenced by the claim's token."""
+        token = claim.token
         ok: list[int] = []
         failures: list[Failure] = []
-        for event, outcome in zip(events, outcomes, strict=True):
+        for event, outcome in zip(claim.events, outcomes, strict=True):
             if outcome.is_ok:
                 ok.append(event.id)
                 continue
@@ -209,12 +222,16 @@ class Relay:
                 failure.error,
                 extra={"event_id": event.event_id, "topic": event.topic, "token": token},
             )
-        with translate_errors("mark_sent"):
-            sent = self.dialect.mark_sent(
-                self.conn, ok, token=token, delete=self.settings.delete_on_send
-            )
-        with translate_errors("mark_failed"):
-            failed = self.dialect.mark_failed(self.conn, failures, token=token)
+        try:
+            with translate_errors("mark_sent"):
+                sent = self.dialect.mark_sent(
+                    self.conn, ok, token=token, delete=self.settings.delete_on_send
+                )
+            with translate_errors("mark_failed"):
+                failed = self.dialect.mark_failed(self.conn, failures, token=token)
+        except DatabaseError:
+            self._drop_connection()
+            raise
         lost = (len(ok) - sent) + (len(failures) - failed)
         if lost:
             log.warning(
@@ -234,6 +251,18 @@ class Relay:
             lease_lost=lost,
             errors=tuple(f.error for f in failures[:10]),
         )
+
+    def _finish(self, result: CycleResult) -> CycleResult:
+        """Clean up when due and report the cycle."""
+        if self._cleanup.ready(time.monotonic()):
+            try:
+                result = dataclasses.replace(result, cleaned=self.cleanup())
+            except DatabaseError:
+                self._drop_connection()
+                raise
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        return result
 
     def _release(self, events: Sequence[Event], token: str) -> int:
         try:
@@ -299,34 +328,90 @@ class Relay:
             self.settings.lease,
             ", ordered" if self.settings.ordered else "",
         )
-        idle = self.settings.poll_interval
-        error_backoff = 0.5
         try:
-            while not self._stop.is_set():
-                try:
-                    result = self.run_once()
-                except DatabaseError as exc:
-                    log.error("%s; retrying in %.1fs", exc, error_backoff)
-                    self._stop.wait(error_backoff)
-                    error_backoff = min(error_backoff * 2, 30.0)
-                    continue
-                error_backoff = 0.5
-                if result.claimed >= self.batch_size:
-                    continue  # a full batch: there is probably more
-                if result.claimed:
-                    idle = self.settings.poll_interval
-                    continue
-                # Adaptive polling: back off while idle, reset on work or a wake-up.
-                if self._wake.wait(idle):
-                    idle = self.settings.poll_interval
-                else:
-                    idle = min(idle * 2, self.settings.max_poll_interval)
-                self._wake.clear()
+            with ThreadPoolExecutor(1, thread_name_prefix="outbox-db") as db:
+                self._pipeline(db)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
             log.info("relay %s stopped", self.name)
+
+    def _pipeline(self, db: ThreadPoolExecutor) -> None:
+        """The loop of ``run()``: every database call runs on ``db`` (one connection).
+
+        After a full batch the next claim is submitted before publishing, so
+        claiming batch N+1 and settling batch N overlap with publishing; the
+        single database thread keeps claim and settle statements in order.
+        """
+        idle = self.settings.poll_interval
+        error_backoff = 0.5
+        prefetched: Future[_Claim] | None = None
+        while True:
+            if self._stop.is_set():
+                if prefetched is not None:
+                    self._release_future(db, prefetched)
+                return
+            try:
+                claim = (prefetched or db.submit(self._claim)).result()
+            except DatabaseError as exc:
+                log.error("%s; retrying in %.1fs", exc, error_backoff)
+                self._stop.wait(error_backoff)
+                error_backoff = min(error_backoff * 2, 30.0)
+                continue
+            finally:
+                prefetched = None
+            error_backoff = 0.5
+            result = CycleResult(claimed=len(claim.events), reaped=claim.reaped)
+            if not claim.events:
+                db.submit(self._finish_quietly, result).result()
+                # Adaptive polling: back off while idle, reset on a wake-up.
+                if self._wake.wait(idle):
+                    idle = self.settings.poll_interval
+                else:
+                    idle = min(idle * 2, self.settings.max_poll_interval)
+                self._wake.clear()
+                continue
+            idle = self.settings.poll_interval
+            if len(claim.events) >= self.batch_size and not self._stop.is_set():
+                prefetched = db.submit(self._claim)  # a full batch: there is probably more
+            try:
+                outcomes = self._publish(claim.events)
+            except (KeyboardInterrupt, SystemExit):
+                db.submit(self._release, claim.events, claim.token).result()
+                if prefetched is not None:
+                    self._release_future(db, prefetched)
+                raise
+            db.submit(self._settle_quietly, claim, outcomes, result)
+
+    def _release_future(self, db: ThreadPoolExecutor, claim: Future[_Claim]) -> None:
+        """Give back a claim that will not be published (stopping)."""
+        try:
+            taken = claim.result()
+        except DatabaseError:
+            return
+        if taken.events:
+            db.submit(self._release, taken.events, taken.token).result()
+
+    def _settle_quietly(
+        self, claim: _Claim, outcomes: Sequence[Outcome], result: CycleResult
+    ) -> None:
+        """Settle on the database thread; a failure leaves the leases to expire."""
+        try:
+            self._finish(self._settle(claim, outcomes, result))
+        except DatabaseError as exc:
+            log.error(
+                "%s: %d published events stay leased until their lease expires "
+                "(they will be published again)",
+                exc,
+                len(claim.events),
+            )
+
+    def _finish_quietly(self, result: CycleResult) -> None:
+        try:
+            self._finish(result)
+        except DatabaseError as exc:
+            log.error("%s", exc)
 
     def close(self) -> None:
         """Close the relay's connection and its broker."""

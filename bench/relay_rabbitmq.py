@@ -1,0 +1,158 @@
+"""Relay throughput PostgreSQL -> RabbitMQ against the raw confirmed-publish ceiling.
+
+Prints, in one run and with the same batch size:
+
+1. raw: pika alone publishing persistent messages to the same exchange, a
+   batch at a time, waiting for the batch's publisher confirms (no database);
+2. relay: events prefilled in the outbox table, drained by one relay to
+   RabbitMQ (claim -> publish with confirms -> mark sent), until all are sent;
+3. the ratio relay / raw (target >= 0.7).
+
+    python bench/relay_rabbitmq.py --events 50000 --batch 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pika
+import pika.spec
+import sqlalchemy as sa
+from pika.adapters.select_connection import IOLoop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from brokers.rabbitmq import RabbitMQBroker
+from outbox_core import CycleResult, Outbox
+
+
+def raw_confirmed_rate(url: str, exchange: str, total: int, batch: int, body: bytes) -> float:
+    """Messages/s for pika publishing ``batch`` messages, then waiting for their confirms."""
+    state = {"pending": 0, "channel": None}
+    loop = IOLoop()
+
+    def on_confirm(frame: pika.frame.Method) -> None:
+        method = frame.method
+        if isinstance(method, pika.spec.Basic.Nack):
+            raise RuntimeError("nack in the raw benchmark")
+        # With multiple=True one ack covers every tag up to delivery_tag.
+        acked = method.delivery_tag - state["acked"] if method.multiple else 1
+        state["acked"] += acked
+        state["pending"] -= acked
+        if state["pending"] == 0:
+            loop.stop()
+
+    def on_channel(channel: pika.channel.Channel) -> None:
+        state["channel"] = channel
+        channel.confirm_delivery(ack_nack_callback=on_confirm, callback=lambda _f: loop.stop())
+
+    connection = pika.SelectConnection(
+        pika.URLParameters(url),
+        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        custom_ioloop=loop,
+    )
+    state["acked"] = 0
+    loop.start()  # until confirm mode is on
+    channel = state["channel"]
+    props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
+    started = time.perf_counter()
+    sent = 0
+    while sent < total:
+        n = min(batch, total - sent)
+        for _ in range(n):
+            channel.basic_publish(exchange, "bench.raw", body, props)  # type: ignore[union-attr]
+        state["pending"] = n
+        sent += n
+        loop.start()  # until the batch is confirmed
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return total / elapsed
+
+
+def prefill(outbox: Outbox, total: int) -> None:
+    payload = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
+    with outbox.engine.begin() as conn:
+        for i in range(total):
+            outbox.enqueue(conn, "bench.relay", dict(payload, order_id=i), key=f"k{i % 100}")
+
+
+def relay_rate(outbox: Outbox, url: str, exchange: str, total: int, batch: int) -> float:
+    """Events/s for ``Relay.run()`` (pipelined) draining ``total`` prefilled events."""
+    broker = RabbitMQBroker.from_url(url, exchange=exchange)
+    relay = outbox.relay(broker, batch_size=batch, reap_interval=0, cleanup_after=0)
+    sent = 0
+    done_at = 0.0
+
+    def count(result: CycleResult) -> None:
+        nonlocal sent, done_at
+        sent += result.sent
+        if sent >= total and not done_at:
+            done_at = time.perf_counter()
+            relay.stop()
+
+    relay.on_cycle = count
+    started = time.perf_counter()
+    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    worker.start()
+    worker.join(600)
+    if sent != total:
+        raise SystemExit(f"relay sent {sent} of {total}")
+    return total / (done_at - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    suffix = uuid.uuid4().hex[:8]
+    exchange, queue = f"bench.{suffix}", f"bench.q.{suffix}"
+    admin = pika.BlockingConnection(pika.URLParameters(args.amqp))
+    channel = admin.channel()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "#")
+    outbox = Outbox(args.db, table=f"bench_{suffix}")
+    outbox.install()
+    body = b'{"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}'
+    raws, relays = [], []
+    try:
+        for round_ in range(1, args.rounds + 1):
+            raw = raw_confirmed_rate(args.amqp, exchange, args.events, args.batch, body)
+            channel.queue_purge(queue)
+            prefill(outbox, args.events)
+            rate = relay_rate(outbox, args.amqp, exchange, args.events, args.batch)
+            channel.queue_purge(queue)
+            with outbox.engine.begin() as conn:
+                conn.execute(sa.delete(outbox.table))
+            raws.append(raw)
+            relays.append(rate)
+            print(
+                f"round {round_}: raw {raw:8.0f} msg/s   relay {rate:8.0f} events/s"
+                f"   ratio {rate / raw:.2f}"
+            )
+    finally:
+        outbox.tables.metadata.drop_all(outbox.engine)
+        channel.queue_delete(queue)
+        channel.exchange_delete(exchange)
+        admin.close()
+    raw, rate = statistics.median(raws), statistics.median(relays)
+    ratio = statistics.median(r / w for r, w in zip(relays, raws, strict=True))
+    print(f"database: {outbox.dialect.name}, events: {args.events}, batch: {args.batch}")
+    print(f"raw pika confirmed publish (median): {raw:8.0f} msg/s")
+    print(f"relay PostgreSQL -> RabbitMQ (median): {rate:8.0f} events/s")
+    print(f"ratio relay/raw (median of rounds): {ratio:.2f} (target >= 0.70)")
+
+
+if __name__ == "__main__":
+    main()
