@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_core import Outbox
+from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 
 DEFAULT_URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
@@ -104,3 +105,11 @@ def outbox(db_url: str, table_name: str) -> Iterator[Outbox]:
     finally:
         ob.tables.metadata.drop_all(ob.engine)
         ob.dispose()
+
+
+@pytest.fixture
+def rabbit() -> Iterator[RabbitState]:
+    """A RabbitMQ exchange and queue of the test's own (fails under CI=true when down)."""
+    state = RabbitState(require_rabbitmq())
+    yield state
+    state.cleanup()

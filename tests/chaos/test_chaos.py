@@ -1,0 +1,244 @@
+"""Chaos: relay processes killed with SIGKILL under load, RabbitMQ connections dropped.
+
+Four ``outbox relay --ordered`` processes publish to RabbitMQ while a producer
+commits events over many keys. About every second a random relay is killed
+with SIGKILL and started again; once, mid-run, RabbitMQ closes every client
+connection (``rabbitmqctl close_all_connections``). A consumer (manual acks,
+reconnecting) logs what arrives. Then:
+
+* every committed event id arrived (none lost);
+* the first delivery of each event follows commit order within its key;
+* duplicates are counted and reported (expected only after kills/drops).
+
+``OUTBOX_CHAOS_EVENTS`` / ``OUTBOX_CHAOS_KEYS`` size the run (default 20,000
+events over 200 keys; CI runs the same).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+import sqlalchemy as sa
+
+from outbox_core import Outbox, State
+from tests.contract.broker_fixtures import RabbitState
+
+EVENTS = int(os.environ.get("OUTBOX_CHAOS_EVENTS", "20000"))
+KEYS = int(os.environ.get("OUTBOX_CHAOS_KEYS", "200"))
+RELAYS = 4
+PER_TRANSACTION = 20
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Chaos runs on the servers; SQLite's single writer is covered by the demo."""
+    return str(request.param)
+
+
+@dataclass
+class Consumer:
+    """Reads the queue with manual acks, reconnecting when RabbitMQ drops it."""
+
+    url: str
+    queue: str
+    log: list[tuple[str, str, int]] = field(default_factory=list)
+    reconnects: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                connection = pika.BlockingConnection(pika.URLParameters(self.url))
+                channel = connection.channel()
+                channel.basic_qos(prefetch_count=500)
+                for method, properties, body in channel.consume(self.queue, inactivity_timeout=0.2):
+                    if self.stop.is_set():
+                        break
+                    if method is None:
+                        continue
+                    payload = json.loads(body)
+                    key = properties.headers["x-outbox-key"]
+                    self.log.append((properties.message_id, key, payload["seq"]))
+                    channel.basic_ack(method.delivery_tag)
+                connection.close()
+            except pika.exceptions.AMQPError:
+                self.reconnects += 1
+                time.sleep(0.2)
+
+
+class Relays:
+    """``RELAYS`` relay processes; any of them can be killed and replaced."""
+
+    def __init__(self, args: list[str], env: dict[str, str], logs: Path) -> None:
+        self.args, self.env, self.logs = args, env, logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+        for _ in range(RELAYS):
+            self.procs.append(self._start())
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        log = open(self.logs / f"relay-{self.started}.log", "wb")  # noqa: SIM115 - child owns it
+        return subprocess.Popen(self.args, env=self.env, stdout=log, stderr=log)
+
+    def kill_one(self, rng: random.Random) -> None:
+        index = rng.randrange(len(self.procs))
+        proc = self.procs[index]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        self.procs[index] = self._start()
+
+    def stop(self) -> list[int]:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        return [proc.wait(timeout=60) for proc in self.procs]
+
+
+def produce(outbox: Outbox, committed: dict[str, tuple[str, int]], done: threading.Event) -> None:
+    """Commit EVENTS events in business transactions, each key's events in order."""
+    seq: dict[str, int] = {}
+    n = 0
+    try:
+        while n < EVENTS:
+            batch: list[tuple[str, str, int]] = []
+            with outbox.engine.begin() as conn:
+                for _ in range(min(PER_TRANSACTION, EVENTS - n)):
+                    key = f"k{random.randrange(KEYS)}"
+                    s = seq.get(key, 0)
+                    seq[key] = s + 1
+                    event_id = outbox.enqueue(conn, "chaos.event", {"seq": s}, key=key)
+                    batch.append((event_id, key, s))
+                    n += 1
+            for event_id, key, s in batch:
+                committed[event_id] = (key, s)
+    finally:
+        done.set()
+
+
+def close_all_rabbitmq_connections() -> bool:
+    tool = shutil.which("rabbitmqctl")
+    if tool is None:
+        return False
+    result = subprocess.run(
+        [tool, "close_all_connections", "outbox chaos test"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode == 0
+
+
+@pytest.mark.needs_server
+def test_sigkilled_relays_lose_nothing_and_keep_key_order(
+    backend: str, outbox: Outbox, db_url: str, rabbit: RabbitState, tmp_path: Path
+) -> None:
+    rng = random.Random(20261122)
+    env = dict(
+        os.environ,
+        OUTBOX_REAP_INTERVAL="0.5",
+        OUTBOX_BACKOFF_BASE="0.2",
+        OUTBOX_BACKOFF_CAP="2",
+        OUTBOX_MAX_ATTEMPTS="1000",
+        OUTBOX_POLL_INTERVAL="0.05",
+        OUTBOX_MAX_POLL_INTERVAL="0.5",
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "outbox_core.cli",
+        "relay",
+        "--db",
+        db_url,
+        "--table",
+        outbox.table.name,
+        "--broker",
+        rabbit.url,
+        "--broker-option",
+        f"exchange={rabbit.exchange}",
+        "--broker-option",
+        "reconnect_max=1",
+        "--ordered",
+        "--batch-size",
+        "100",
+        "--lease",
+        "2s",
+    ]
+    # The rabbit fixture's queue is bound to contract.#; chaos events use chaos.*
+    rabbit.channel.queue_bind(rabbit.queue, rabbit.exchange, "chaos.#")
+    consumer = Consumer(rabbit.url, rabbit.queue)
+    consumer_thread = threading.Thread(target=consumer.run, daemon=True)
+    consumer_thread.start()
+
+    committed: dict[str, tuple[str, int]] = {}
+    produced = threading.Event()
+    started = time.monotonic()
+    producer = threading.Thread(target=produce, args=(outbox, committed, produced), daemon=True)
+    relays = Relays(args, env, tmp_path)
+    producer.start()
+
+    kills = 0
+    dropped = False
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.6, 1.4))
+            arrived = {m[0] for m in consumer.log}
+            if produced.is_set() and arrived >= committed.keys():
+                break
+            if not produced.is_set() or len(arrived) < len(committed) * 0.9:
+                relays.kill_one(rng)
+                kills += 1
+            if not dropped and len(committed) > EVENTS // 2:
+                dropped = close_all_rabbitmq_connections()
+    finally:
+        exit_codes = relays.stop()
+        consumer.stop.set()
+        consumer_thread.join(10)
+        producer.join(60)
+    elapsed = time.monotonic() - started
+
+    received = list(consumer.log)
+    ids = [m[0] for m in received]
+    first: set[str] = set()
+    last_seq: dict[str, int] = {}
+    violations = []
+    for event_id, key, seq in received:
+        if event_id in first:
+            continue
+        first.add(event_id)
+        if seq != last_seq.get(key, -1) + 1:
+            violations.append((key, last_seq.get(key), seq))
+        last_seq[key] = seq
+    duplicates = len(ids) - len(first)
+    lost = committed.keys() - first
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        states = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
+    print(
+        f"\nchaos[{backend}]: events {len(committed)}, keys {KEYS}, relays {RELAYS}, "
+        f"kills {kills}, rabbitmq connections dropped: {dropped}, consumer reconnects "
+        f"{consumer.reconnects}, delivered {len(first)}, duplicates {duplicates}, lost "
+        f"{len(lost)}, order violations {len(violations)}, time {elapsed:.1f}s, "
+        f"table { ({State(s).name: n for s, n in states.items()}) }"
+    )
+    assert len(committed) == EVENTS
+    assert not lost, f"{len(lost)} committed events never arrived"
+    assert not violations, f"per-key order broken: {violations[:5]}"
+    assert first <= committed.keys(), "an event that was never committed arrived"
+    assert kills >= 3
+    assert exit_codes == [0] * RELAYS, (tmp_path / "relay-1.log").read_text()[-2000:]
+    if shutil.which("rabbitmqctl"):
+        assert dropped, "rabbitmqctl close_all_connections failed"
