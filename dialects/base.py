@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -32,6 +32,16 @@ from outbox_core.schema import OutboxTables
 MAX_ERROR = 2000
 
 _ACTIVE = (State.PENDING, State.LEASED)
+
+
+class Listener(Protocol):
+    """Waits for wake-ups sent by producers' commits."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when a wake-up arrived."""
+
+    def close(self) -> None:
+        """Stop listening and drop the connection."""
 
 
 class Dialect(ABC):
@@ -114,6 +124,25 @@ class Dialect(ABC):
             available_at=self.after(event.delay_seconds) if event.delay_seconds else now,
             created_at=now,
         )
+
+    # -- wake-ups -------------------------------------------------------------
+
+    def notify_channel(self) -> str:
+        """The channel relays of this table listen on (databases with NOTIFY)."""
+        t = self.table
+        name = t.name if t.schema is None else f"{t.schema}_{t.name}"
+        return f"outbox_{name}"[:63]
+
+    def notify_statement(self) -> sa.Executable | None:
+        """A statement, run in the producer's transaction, that wakes relays at commit.
+
+        ``None`` where the database has no such thing: relays poll.
+        """
+        return None
+
+    def listener(self, engine: Engine) -> Listener | None:
+        """A connection that waits for :meth:`notify_statement` wake-ups (None: poll)."""
+        return None
 
     # -- claim ----------------------------------------------------------------
 
@@ -353,6 +382,49 @@ class Dialect(ABC):
     def utcnow() -> datetime:
         """The application's UTC clock, naive (for databases that store naive UTC)."""
         return datetime.now(UTC).replace(tzinfo=None)
+
+    # -- inbox (idempotent consumer) ------------------------------------------------
+
+    @abstractmethod
+    def inbox_insert(self, consumer: str, event_id: str) -> Insert:
+        """Record ``(consumer, event_id)`` in the inbox table unless it is already there.
+
+        Each database's native insert-if-absent: it affects 1 row when the id
+        is new and 0 when it is a duplicate, and never raises on the duplicate,
+        so the caller's transaction stays usable. A concurrent insert of the
+        same key waits for the other transaction, then counts as a duplicate if
+        it committed. ``outbox_core.inbox.Inbox`` validates the values first.
+        """
+
+    def inbox_cleanup(self, conn: Connection, *, older_than: float, batch: int) -> int:
+        """Delete at most ``batch`` inbox rows processed more than ``older_than`` seconds ago.
+
+        Returns the rows deleted; call again until it returns less than ``batch``.
+        """
+        t = self.tables.inbox
+        # Keys first, then delete by key (as in cleanup): MySQL rejects LIMIT in
+        # an IN subquery and SQL Server escalates big deletes to a table lock.
+        pick = (
+            sa.select(t.c.consumer, t.c.event_id)
+            .where(t.c.processed_at < self.after(-older_than))
+            .order_by(t.c.processed_at)
+            .limit(batch)
+        )
+        with self.transaction(conn):
+            by_consumer: dict[str, list[str]] = {}
+            for consumer, event_id in conn.execute(pick):
+                by_consumer.setdefault(consumer, []).append(str(event_id))
+            if not by_consumer:
+                return 0
+            # One (consumer = ? AND event_id IN (...)) per consumer: it uses the
+            # primary key on every database, with no row-value IN (SQL Server has none).
+            match = sa.or_(
+                *(
+                    sa.and_(t.c.consumer == consumer, t.c.event_id.in_(ids))
+                    for consumer, ids in by_consumer.items()
+                )
+            )
+            return conn.execute(sa.delete(t).where(match)).rowcount
 
 
 # -- registry ------------------------------------------------------------------

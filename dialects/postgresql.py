@@ -12,13 +12,37 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
-from dialects.base import Dialect
+from dialects.base import Dialect, Listener
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import Event
 
 MIN_VERSION = (12,)
+
+
+class PgListener:
+    """A psycopg connection that ``LISTEN``s on one channel."""
+
+    def __init__(self, engine: Engine, channel: str) -> None:
+        from psycopg import sql
+
+        self._raw = engine.raw_connection()
+        conn: Any = self._raw.driver_connection
+        if conn is None:
+            raise RuntimeError("the pool gave no driver connection")
+        conn.autocommit = True
+        # LISTEN has no SQLAlchemy construct; the channel is quoted as an identifier.
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        self._conn = conn
+
+    def wait(self, timeout: float) -> bool:
+        """True when a notification arrived within ``timeout`` seconds."""
+        return any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
+
+    def close(self) -> None:
+        """Close the connection instead of returning a listening one to the pool."""
+        self._raw.invalidate()
 
 
 class PostgresqlDialect(Dialect):
@@ -43,6 +67,17 @@ class PostgresqlDialect(Dialect):
                 f"PostgreSQL {found} is too old: the outbox needs PostgreSQL 12 or newer "
                 "(MATERIALIZED common table expressions with FOR UPDATE SKIP LOCKED)"
             )
+
+    def notify_statement(self) -> sa.Executable | None:
+        """``SELECT pg_notify(channel, '')``: delivered only if the transaction commits.
+
+        Repeated notifications of one transaction are folded into one.
+        """
+        return sa.select(sa.func.pg_notify(self.notify_channel(), ""))
+
+    def listener(self, engine: Engine) -> Listener | None:
+        """``LISTEN`` on a connection of its own (autocommit, outside the pool)."""
+        return PgListener(engine, self.notify_channel())
 
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
@@ -69,3 +104,20 @@ class PostgresqlDialect(Dialect):
             rows = conn.execute(stmt).all()
         # RETURNING gives rows in no particular order; the relay publishes in id order.
         return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
+
+    def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
+        """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.
+
+        A concurrent insert of the same key waits for the other transaction and
+        then does nothing if it committed. At REPEATABLE READ or SERIALIZABLE a
+        conflict with a row committed after the snapshot raises a serialization
+        failure instead: consumers should use READ COMMITTED (the default).
+        """
+        from sqlalchemy.dialects.postgresql import insert
+
+        t = self.tables.inbox
+        return (
+            insert(t)
+            .values(consumer=consumer, event_id=event_id, processed_at=self.now())
+            .on_conflict_do_nothing(index_elements=[t.c.consumer, t.c.event_id])
+        )

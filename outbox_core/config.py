@@ -86,6 +86,8 @@ class Settings:
     ordered: bool = False
     #: In ordered mode, a dead head blocks the rest of its key.
     block_on_dead: bool = True
+    #: PostgreSQL: producers NOTIFY at commit and relays LISTEN (polling stays the fallback).
+    notify: bool = True
     #: Delete rows once sent instead of marking them.
     delete_on_send: bool = False
     #: Sent rows older than this are removed by the relay's cleanup (0: never).
@@ -121,7 +123,7 @@ _DURATIONS = {
     "reap_interval",
 }
 _INTS = {"batch_size": 1, "max_attempts": 1, "cleanup_batch": 1}
-_BOOLS = {"ordered", "block_on_dead", "delete_on_send"}
+_BOOLS = {"ordered", "block_on_dead", "delete_on_send", "notify"}
 _NAMES = {f.name for f in fields(Settings)}
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -116,12 +117,18 @@ class Outbox:
         schema: str | None = None,
         dialect: str | None = None,
         block_on_dead: bool = True,
+        notify: bool = True,
         engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.tables = OutboxTables.create(table, schema)
         self._engine: Engine | None = None
         self._owns_engine = False
         self._engine_options = dict(engine_options or {})
+        #: PostgreSQL: ``enqueue`` sends NOTIFY in the caller's transaction. Turn it
+        #: off under very heavy write load (NOTIFY takes a global lock at commit).
+        self.notify = notify
+        #: Relays of this outbox running in this process, woken after a commit.
+        self._local_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
         if isinstance(db, Engine):
             self._engine = db
             self.url = db.url
@@ -211,6 +218,12 @@ class Outbox:
             )
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
         conn.execute(self.dialect.insert_statement(event))
+        bind = conn if isinstance(conn, Connection) else conn.connection()
+        if _first_in_transaction(bind, self):
+            if self.notify and (stmt := self.dialect.notify_statement()) is not None:
+                conn.execute(stmt)
+            if self._local_relays:
+                _wake_after_commit(bind, self._local_relays)
         return event.event_id
 
     async def enqueue_async(
@@ -233,6 +246,8 @@ class Outbox:
             )
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
         await conn.execute(self.dialect.insert_statement(event))
+        if self.notify and (stmt := self.dialect.notify_statement()) is not None:
+            await conn.execute(stmt)  # folded into one notification per transaction
         return event.event_id
 
     # -- relay -----------------------------------------------------------------------------
@@ -261,7 +276,9 @@ class Outbox:
             dialect = type(dialect)(self.tables, block_on_dead=merged.block_on_dead)
         if isinstance(broker, str):
             broker = create_broker(broker, **dict(broker_options or {}))
-        return Relay(self.engine, dialect, broker, merged, name=name, retry_policy=retry_policy)
+        relay = Relay(self.engine, dialect, broker, merged, name=name, retry_policy=retry_policy)
+        self._local_relays.add(relay)
+        return relay
 
     # -- operations ---------------------------------------------------------------------
 
@@ -325,6 +342,43 @@ class Outbox:
             raise ConfigurationError("replay needs ids, a topic, a key, or all=True")
         with translate_errors("replay"), self.engine.connect() as conn:
             return self.dialect.replay(conn, ids=ids, topic=topic, key=key)
+
+
+def _first_in_transaction(conn: Connection, outbox: Outbox) -> bool:
+    """True for the first enqueue of ``outbox`` in the connection's current transaction."""
+    marks: dict[int, object] = conn.info.setdefault("outbox_marks", {})
+    tx = conn.get_transaction()
+    if marks.get(id(outbox)) is tx:
+        return False
+    marks[id(outbox)] = tx
+    return True
+
+
+_HOOKED: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _wake_after_commit(conn: Connection, relays: weakref.WeakSet[Relay]) -> None:
+    """Wake this process's relays when the connection's transaction commits.
+
+    SQLAlchemy's engine-level ``commit`` event fires just before the database
+    commit; a woken relay that finds nothing looks once more a moment later.
+    """
+    pending: set[Relay] = conn.info.setdefault("outbox_wake", set())
+    pending.update(relays)
+    engine = conn.engine
+    if engine in _HOOKED:
+        return
+    _HOOKED.add(engine)
+
+    def on_commit(connection: Connection) -> None:
+        for relay in connection.info.pop("outbox_wake", ()):
+            relay.wake()
+
+    def on_rollback(connection: Connection) -> None:
+        connection.info.pop("outbox_wake", None)
+
+    sa.event.listen(engine, "commit", on_commit)
+    sa.event.listen(engine, "rollback", on_rollback)
 
 
 def _aware(value: datetime) -> datetime:

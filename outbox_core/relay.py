@@ -328,10 +328,17 @@ class Relay:
             self.settings.lease,
             ", ordered" if self.settings.ordered else "",
         )
+        listener = None
+        if self.settings.notify:
+            listener = threading.Thread(target=self._listen, name="outbox-listen", daemon=True)
+            listener.start()
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="outbox-db") as db:
                 self._pipeline(db)
         finally:
+            self._stop.set()
+            if listener is not None:
+                listener.join(5)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
@@ -365,11 +372,14 @@ class Relay:
             result = CycleResult(claimed=len(claim.events), reaped=claim.reaped)
             if not claim.events:
                 db.submit(self._finish_quietly, result).result()
-                # Adaptive polling: back off while idle, reset on a wake-up.
+                # Adaptive polling: back off while idle. A wake-up may come just
+                # before the producer's commit is visible: look again shortly.
                 if self._wake.wait(idle):
-                    idle = self.settings.poll_interval
+                    idle = min(0.005, self.settings.poll_interval)
                 else:
-                    idle = min(idle * 2, self.settings.max_poll_interval)
+                    idle = min(
+                        max(idle, self.settings.poll_interval) * 2, self.settings.max_poll_interval
+                    )
                 self._wake.clear()
                 continue
             idle = self.settings.poll_interval
@@ -383,6 +393,29 @@ class Relay:
                     self._release_future(db, prefetched)
                 raise
             db.submit(self._settle_quietly, claim, outcomes, result)
+
+    def _listen(self) -> None:
+        """Wake the relay on the database's notifications (PostgreSQL LISTEN)."""
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                listener = self.dialect.listener(self.engine)
+            except Exception as exc:
+                log.warning("LISTEN failed (%s); polling, retrying in %.0fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            if listener is None:
+                return  # this database has no notifications: polling only
+            backoff = 0.5
+            try:
+                while not self._stop.is_set():
+                    if listener.wait(0.5):
+                        self.wake()
+            except Exception as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting", exc)
+            finally:
+                listener.close()
 
     def _release_future(self, db: ThreadPoolExecutor, claim: Future[_Claim]) -> None:
         """Give back a claim that will not be published (stopping)."""

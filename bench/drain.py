@@ -1,0 +1,134 @@
+"""Drain rate of one relay against the bare claim+mark ceiling of the same database.
+
+Prefills N events, then in the same run:
+
+1. ceiling: the dialect's claim and mark_sent statements in a bare loop (no
+   broker, no relay bookkeeping): the most the database gives at this batch;
+2. relay: ``Relay.run()`` (pipelined) draining the same N events to the memory broker;
+3. the ratio relay / ceiling (target >= 0.6 at batch 500).
+
+    python bench/drain.py --db postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python bench/drain.py --db mysql+pymysql://root@127.0.0.1:3306/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core import CycleResult, Outbox
+from outbox_core.message import State, build_new_event
+
+
+def prefill(outbox: Outbox, total: int, keys: int = 1000) -> float:
+    """Insert ``total`` pending events in transactions of 5,000; returns events/s."""
+    started = time.perf_counter()
+    payload = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
+    done = 0
+    while done < total:
+        n = min(5000, total - done)
+        rows = []
+        for i in range(done, done + n):
+            event = build_new_event("bench.drain", dict(payload, order_id=i), key=f"k{i % keys}")
+            rows.append(event)
+        with outbox.engine.begin() as conn:
+            for event in rows:
+                conn.execute(outbox.dialect.insert_statement(event))
+        done += n
+    return total / (time.perf_counter() - started)
+
+
+def reset(outbox: Outbox) -> None:
+    """Every event pending again (so both measurements drain the same rows)."""
+    t = outbox.table
+    with outbox.engine.begin() as conn:
+        conn.execute(
+            sa.update(t).values(
+                state=int(State.PENDING),
+                attempts=0,
+                lease_owner=None,
+                lease_until=None,
+                sent_at=None,
+                available_at=t.c.created_at,
+            )
+        )
+
+
+def ceiling(outbox: Outbox, batch: int) -> tuple[float, int]:
+    """Bare claim + mark_sent loop on one connection: (events/s, events)."""
+    dialect = outbox.dialect
+    moved = 0
+    conn = dialect.connect(outbox.engine)
+    started = time.perf_counter()
+    try:
+        for n in range(10**9):
+            token = f"ceiling:{n}"
+            events = dialect.claim(conn, limit=batch, lease=60, token=token, ordered=False)
+            if not events:
+                break
+            moved += dialect.mark_sent(conn, [e.id for e in events], token=token, delete=False)
+    finally:
+        conn.close()
+    return moved / (time.perf_counter() - started), moved
+
+
+def relay_rate(outbox: Outbox, batch: int, total: int) -> float:
+    relay = outbox.relay(
+        MemoryBroker(MemoryQueue("drain")), batch_size=batch, reap_interval=0, cleanup_after=0
+    )
+    sent = 0
+    done_at = 0.0
+
+    def count(result: CycleResult) -> None:
+        nonlocal sent, done_at
+        sent += result.sent
+        if sent >= total and not done_at:
+            done_at = time.perf_counter()
+            relay.stop()
+
+    relay.on_cycle = count
+    started = time.perf_counter()
+    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    worker.start()
+    worker.join(3600)
+    if sent < total:
+        raise SystemExit(f"relay sent {sent} of {total}")
+    return total / (done_at - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=500)
+    args = parser.parse_args()
+
+    outbox = Outbox(args.db, table=f"bench_drain_{uuid.uuid4().hex[:8]}")
+    outbox.install()
+    try:
+        fill = prefill(outbox, args.events)
+        print(f"prefilled {args.events} events ({fill:.0f} events/s)")
+        raw, moved = ceiling(outbox, args.batch)
+        assert moved == args.events, moved
+        reset(outbox)
+        rate = relay_rate(outbox, args.batch, args.events)
+    finally:
+        outbox.tables.metadata.drop_all(outbox.engine)
+        outbox.dispose()
+    print(f"database: {outbox.dialect.name}, events: {args.events}, batch: {args.batch}")
+    print(f"bare claim+mark ceiling: {raw:8.0f} events/s")
+    print(f"relay to memory broker:  {rate:8.0f} events/s")
+    print(f"ratio relay/ceiling: {rate / raw:.2f} (target >= 0.60)")
+
+
+if __name__ == "__main__":
+    main()
