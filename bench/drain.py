@@ -24,27 +24,10 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import bulk_prefill
 from brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core import CycleResult, Outbox
-from outbox_core.message import State, build_new_event
-
-
-def prefill(outbox: Outbox, total: int, keys: int = 1000) -> float:
-    """Insert ``total`` pending events in transactions of 5,000; returns events/s."""
-    started = time.perf_counter()
-    payload = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
-    done = 0
-    while done < total:
-        n = min(5000, total - done)
-        rows = []
-        for i in range(done, done + n):
-            event = build_new_event("bench.drain", dict(payload, order_id=i), key=f"k{i % keys}")
-            rows.append(event)
-        with outbox.engine.begin() as conn:
-            for event in rows:
-                conn.execute(outbox.dialect.insert_statement(event))
-        done += n
-    return total / (time.perf_counter() - started)
+from outbox_core.message import State
 
 
 def reset(outbox: Outbox) -> None:
@@ -115,7 +98,7 @@ def main() -> None:
     outbox = Outbox(args.db, table=f"bench_drain_{uuid.uuid4().hex[:8]}")
     outbox.install()
     try:
-        fill = prefill(outbox, args.events)
+        fill = bulk_prefill(outbox, args.events)
         print(f"prefilled {args.events} events ({fill:.0f} events/s)")
         raw, moved = ceiling(outbox, args.batch)
         assert moved == args.events, moved

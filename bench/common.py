@@ -1,0 +1,49 @@
+"""Helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from outbox_core import Outbox
+
+PAYLOAD = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
+
+
+def bulk_prefill(outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_000) -> float:
+    """Insert ``total`` due pending events with multi-row INSERTs; returns events/s."""
+    now = datetime.now(UTC)
+    if outbox.dialect.name != "postgresql":
+        now = now.replace(tzinfo=None)  # the other dialects store naive UTC
+    started = time.perf_counter()
+    for start in range(0, total, chunk):
+        rows = [
+            {
+                "event_id": str(uuid.uuid4()),
+                "topic": "bench.event",
+                "key": f"k{i % keys}",
+                "payload": dict(PAYLOAD, order_id=i),
+                "headers": None,
+                "state": 0,
+                "attempts": 0,
+                "available_at": now,
+                "created_at": now,
+            }
+            for i in range(start, min(start + chunk, total))
+        ]
+        with outbox.engine.begin() as conn:
+            conn.execute(outbox.table.insert(), rows)
+    return total / (time.perf_counter() - started)
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MiB (Linux)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() / 2**20

@@ -1,0 +1,111 @@
+"""Does adding relays help? 1, 2 and 4 relay processes on one PostgreSQL table.
+
+Each round prefills N events, starts k ``outbox relay`` processes (broker:
+``python://sink:publish``, which accepts everything) and times the drain. While
+they run, ``pg_stat_activity`` is sampled every 20 ms for relay sessions waiting
+on a lock: SKIP LOCKED means there should be none.
+
+    python bench/scaling.py --events 100000 --relays 1,2,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import bulk_prefill  # noqa: E402
+from outbox_core import Outbox, State  # noqa: E402
+
+ACTIVITY = sa.table(
+    "pg_stat_activity",
+    sa.column("application_name"),
+    sa.column("wait_event_type"),
+    sa.column("wait_event"),
+    sa.column("state"),
+)
+
+
+def drain(
+    url: str, outbox: Outbox, relays: int, total: int, batch: int
+) -> tuple[float, dict[str, int], int]:
+    """(events/s, lock waits seen by kind, samples)."""
+    t = outbox.table
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'bench'}{os.pathsep}{ROOT}", OUTBOX_NOTIFY="false")
+    app = f"outbox-bench-{uuid.uuid4().hex[:6]}"
+    db = sa.make_url(url).update_query_dict({"application_name": app})
+    args = [
+        sys.executable, "-m", "outbox_core.cli", "relay",
+        "--db", db.render_as_string(hide_password=False), "--table", t.name,
+        "--broker", "python://sink:publish", "--batch-size", str(batch),
+        "--poll-interval", "50ms", "--max-poll-interval", "200ms", "--cleanup-after", "0",
+    ]  # fmt: skip
+    procs = [
+        subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(relays)
+    ]
+    started = time.perf_counter()
+    waits: dict[str, int] = {}
+    samples = 0
+    sent_query = sa.select(sa.func.count()).where(t.c.state == int(State.SENT))
+    waiting = sa.select(ACTIVITY.c.wait_event).where(
+        ACTIVITY.c.application_name == app, ACTIVITY.c.wait_event_type == "Lock"
+    )
+    with outbox.engine.connect() as conn:
+        last_check = 0.0
+        while True:
+            samples += 1
+            for kind in conn.execute(waiting).scalars():
+                waits[kind] = waits.get(kind, 0) + 1
+            conn.commit()
+            now = time.perf_counter()
+            if now - last_check > 0.25:
+                last_check = now
+                if conn.execute(sent_query).scalar_one() >= total:
+                    break
+                conn.commit()
+            time.sleep(0.02)
+    elapsed = time.perf_counter() - started
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(30)
+    return total / elapsed, waits, samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--relays", default="1,2,4")
+    args = parser.parse_args()
+    outbox = Outbox(args.db, table=f"bench_scale_{uuid.uuid4().hex[:8]}")
+    outbox.install()
+    print(f"database: {outbox.dialect.name}, events: {args.events}, batch: {args.batch}")
+    try:
+        for k in (int(x) for x in args.relays.split(",")):
+            with outbox.engine.begin() as conn:
+                conn.execute(sa.delete(outbox.table))
+            bulk_prefill(outbox, args.events)
+            rate, waits, samples = drain(args.db, outbox, k, args.events, args.batch)
+            # "tuple" / "transactionid" would be one relay waiting on another's
+            # rows; "extend" is the table growing (not a relay-vs-relay wait).
+            kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(waits.items())) or "none"
+            print(f"relays {k}: {rate:8.0f} events/s   lock waits in {samples} samples: {kinds}")
+    finally:
+        outbox.tables.metadata.drop_all(outbox.engine)
+        outbox.dispose()
+
+
+if __name__ == "__main__":
+    main()
