@@ -125,6 +125,10 @@ class Dialect(ABC):
             created_at=now,
         )
 
+    def enqueue_statement(self, event: NewEvent, *, notify: bool) -> sa.Executable:
+        """The statement ``enqueue`` runs: the insert, plus the wake-up where one exists."""
+        return self.insert_statement(event)
+
     # -- wake-ups -------------------------------------------------------------
 
     def notify_channel(self) -> str:
