@@ -113,6 +113,7 @@ def _outbox(settings: Settings) -> Outbox:
         schema=settings.schema,
         dialect=settings.dialect,
         block_on_dead=settings.block_on_dead,
+        notify=settings.notify,
     )
 
 
@@ -182,12 +183,15 @@ def schema(dialect: str, table: str, schema: str | None) -> None:
 @click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
 @click.option("--delete-on-send", is_flag=True, default=None)
 @click.option("--cleanup-after", help="Remove sent rows older than this, e.g. 7d (0: never).")
+@click.option("--notify/--no-notify", default=None, help="PostgreSQL LISTEN/NOTIFY wake-ups.")
+@click.option("--metrics-port", type=int, help="Serve /metrics and /healthz on this port.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option("--name", help="Relay name used in lease tokens and logs.")
 @handle_errors
 def relay(
     config_file: str | None,
     broker_options: tuple[str, ...],
+    metrics_port: int | None,
     once: bool,
     name: str | None,
     **values: Any,
@@ -212,12 +216,21 @@ def relay(
     )
     outbox.check()
     relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
-    if once:
-        result = relay.run_once()
-        relay.close()
-        click.echo(json.dumps({k: v for k, v in vars(result).items() if k != "errors"}))
-        return
-    relay.run()
+    server = None
+    if metrics_port is not None:
+        from outbox_core.metrics import MetricsServer
+
+        server = MetricsServer(outbox, relay, metrics_port).start()
+    try:
+        if once:
+            result = relay.run_once()
+            relay.close()
+            click.echo(json.dumps({k: v for k, v in vars(result).items() if k != "errors"}))
+            return
+        relay.run()
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def _format_age(seconds: float | None) -> str:
@@ -235,6 +248,10 @@ def render_status(status: Status) -> str:
     lines = ["state     events"]
     lines += [f"{state:<9} {n:>6}" for state, n in status.counts.items()]
     lines.append(f"oldest pending: {_format_age(status.oldest_pending_age)}")
+    lines.append(
+        f"last minute: {status.created_last_minute} in, {status.sent_last_minute} out"
+        f" ({status.created_last_minute / 60:.1f}/s in, {status.sent_last_minute / 60:.1f}/s out)"
+    )
     if status.dead:
         lines.append("")
         lines.append("dead events by topic:")
@@ -247,12 +264,24 @@ def render_status(status: Status) -> str:
 @main.command()
 @db_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
 @handle_errors
-def status(config_file: str | None, as_json: bool, **values: Any) -> None:
-    """Counts per state, oldest pending age, dead events per topic."""
+def status(config_file: str | None, as_json: bool, watch: float | None, **values: Any) -> None:
+    """Counts per state, oldest pending age, rates, dead events per topic."""
     outbox = _outbox(_settings(config_file, **values))
-    result = outbox.status()
-    click.echo(json.dumps(result.as_dict()) if as_json else render_status(result))
+    while True:
+        result = outbox.status()
+        text = json.dumps(result.as_dict()) if as_json else render_status(result)
+        if watch is None:
+            click.echo(text)
+            return
+        if not as_json:
+            click.clear()
+        click.echo(text)
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return
 
 
 @main.command()

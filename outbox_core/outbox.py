@@ -94,6 +94,9 @@ class Status:
     counts: dict[str, int]
     oldest_pending_age: float | None
     dead: list[DeadTopic] = field(default_factory=list)
+    #: Events created / sent in the last 60 seconds (sent: not counted with delete-on-send).
+    created_last_minute: int = 0
+    sent_last_minute: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -288,12 +291,17 @@ class Outbox:
             counts = {s.name.lower(): 0 for s in State}
             for state, n in conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)):
                 counts[State(state).name.lower()] = int(n)
-            oldest, now = conn.execute(
+            minute_ago = self.dialect.after(-60)
+            oldest, now, created, sent = conn.execute(
                 sa.select(
                     sa.select(sa.func.min(t.c.created_at))
                     .where(t.c.state == int(State.PENDING))
                     .scalar_subquery(),
                     self.dialect.now(),
+                    sa.select(sa.func.count())
+                    .where(t.c.created_at >= minute_ago)
+                    .scalar_subquery(),
+                    sa.select(sa.func.count()).where(t.c.sent_at >= minute_ago).scalar_subquery(),
                 )
             ).one()
             newest_dead = (
@@ -311,7 +319,13 @@ class Outbox:
         if oldest is not None:
             age = max(0.0, (_aware(now) - _aware(oldest)).total_seconds())
         dead = [DeadTopic(r[0], int(r[1]), r[2]) for r in dead_rows]
-        return Status(counts=counts, oldest_pending_age=age, dead=dead)
+        return Status(
+            counts=counts,
+            oldest_pending_age=age,
+            dead=dead,
+            created_last_minute=int(created or 0),
+            sent_last_minute=int(sent or 0),
+        )
 
     def cleanup(
         self, *, older_than: float, batch: int = 1000, max_batches: int | None = None

@@ -57,6 +57,28 @@ def _relay_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+class RelayObserver:
+    """Hooks for metrics and tracing; every method is a no-op unless overridden."""
+
+    def claimed(self, events: Sequence[Event], seconds: float) -> None:
+        """A claim returned ``events`` after ``seconds``."""
+
+    def settled(
+        self,
+        events: Sequence[Event],
+        outcomes: Sequence[Outcome],
+        failures: Sequence[Failure],
+        *,
+        sent: int,
+        lost: int,
+        seconds: float,
+    ) -> None:
+        """A batch was marked: ``sent`` rows sent, ``lost`` writes fenced out, in ``seconds``."""
+
+    def cycle(self, result: CycleResult) -> None:
+        """A cycle ended (also called when a claim found nothing)."""
+
+
 @dataclass(frozen=True)
 class _Claim:
     """One claimed batch and the token that fences its settling."""
@@ -118,6 +140,10 @@ class Relay:
         self._claim_seq = 0
         #: Called after every cycle with its result (metrics, tests).
         self.on_cycle: Callable[[CycleResult], None] | None = None
+        #: Metrics and tracing hooks (see :class:`RelayObserver`).
+        self.observers: list[RelayObserver] = []
+        #: ``time.time()`` of the last finished cycle (health checks).
+        self.last_cycle_at = 0.0
 
     # -- connection ---------------------------------------------------------------
 
@@ -165,6 +191,7 @@ class Relay:
                 if reaped:
                     log.warning("returned %d expired leases", reaped, extra={"count": reaped})
             token = self.new_token()
+            started = time.perf_counter()
             with translate_errors("claim"):
                 events = self.dialect.claim(
                     self.conn, limit=self.batch_size, lease=s.lease, token=token, ordered=s.ordered
@@ -172,6 +199,8 @@ class Relay:
         except DatabaseError:
             self._drop_connection()
             raise
+        for observer in self.observers:
+            observer.claimed(events, time.perf_counter() - started)
         return _Claim(token, events, reaped)
 
     def _publish_or_release(self, claim: _Claim) -> list[Outcome]:
@@ -222,6 +251,7 @@ class Relay:
                 failure.error,
                 extra={"event_id": event.event_id, "topic": event.topic, "token": token},
             )
+        started = time.perf_counter()
         try:
             with translate_errors("mark_sent"):
                 sent = self.dialect.mark_sent(
@@ -233,6 +263,15 @@ class Relay:
             self._drop_connection()
             raise
         lost = (len(ok) - sent) + (len(failures) - failed)
+        for observer in self.observers:
+            observer.settled(
+                claim.events,
+                outcomes,
+                failures,
+                sent=sent,
+                lost=lost,
+                seconds=time.perf_counter() - started,
+            )
         if lost:
             log.warning(
                 "lease lost on %d events (re-claimed by another relay before settling)",
@@ -260,6 +299,9 @@ class Relay:
             except DatabaseError:
                 self._drop_connection()
                 raise
+        self.last_cycle_at = time.time()
+        for observer in self.observers:
+            observer.cycle(result)
         if self.on_cycle is not None:
             self.on_cycle(result)
         return result

@@ -1,0 +1,243 @@
+"""Prometheus metrics and a health endpoint for a relay (extra ``prometheus``).
+
+``outbox relay --metrics-port 9108`` serves:
+
+* ``/metrics``: the metrics below, in the Prometheus text format;
+* ``/healthz``: 200 when the database answers and the relay finished a cycle
+  recently, 503 with the reason otherwise.
+
+Metrics (Prometheus naming conventions):
+
+=========================================  =========  ==================================
+``outbox_events_published_total``          counter    by ``topic``
+``outbox_publish_failures_total``          counter    by ``reason``: retry, reject, lease_lost
+``outbox_events_dead_total``               counter    by ``topic``
+``outbox_pending_events``                  gauge      read from the table at scrape time
+``outbox_oldest_pending_age_seconds``      gauge      read from the table at scrape time
+``outbox_dead_events``                     gauge      read from the table at scrape time
+``outbox_publish_latency_seconds``         histogram  commit (``created_at``) -> broker ok
+``outbox_claim_duration_seconds``          histogram  one claim transaction
+``outbox_mark_duration_seconds``           histogram  one settle transaction
+``outbox_batch_size``                      histogram  events per claim
+=========================================  =========  ==================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.message import Event, Failure, Outcome, OutcomeKind
+from outbox_core.relay import Relay, RelayObserver
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+    from outbox_core.outbox import Outbox
+
+log = logging.getLogger("outbox.metrics")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_BATCH_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000)
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ConfigurationError(
+            "metrics need prometheus_client: pip install 'outbox-toolkit[prometheus]'"
+        ) from exc
+    return prometheus_client
+
+
+class RelayMetrics(RelayObserver):
+    """Counts what a relay does into a Prometheus registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        prom = _prometheus()
+        self.published = prom.Counter(
+            "outbox_events_published", "Events the broker accepted.", ["topic"], registry=registry
+        )
+        self.failures = prom.Counter(
+            "outbox_publish_failures",
+            "Events not marked sent, by reason (retry, reject, lease_lost).",
+            ["reason"],
+            registry=registry,
+        )
+        self.dead = prom.Counter(
+            "outbox_events_dead", "Events made dead.", ["topic"], registry=registry
+        )
+        self.latency = prom.Histogram(
+            "outbox_publish_latency_seconds",
+            "From the event's commit (created_at) to the broker's acceptance.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.claim_seconds = prom.Histogram(
+            "outbox_claim_duration_seconds",
+            "One claim transaction.",
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.mark_seconds = prom.Histogram(
+            "outbox_mark_duration_seconds",
+            "One settle (mark sent / failed) transaction.",
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.batch = prom.Histogram(
+            "outbox_batch_size", "Events per claim.", buckets=_BATCH_BUCKETS, registry=registry
+        )
+
+    def claimed(self, events: Sequence[Event], seconds: float) -> None:
+        """Claim duration and batch size."""
+        self.claim_seconds.observe(seconds)
+        if events:
+            self.batch.observe(len(events))
+
+    def settled(
+        self,
+        events: Sequence[Event],
+        outcomes: Sequence[Outcome],
+        failures: Sequence[Failure],
+        *,
+        sent: int,
+        lost: int,
+        seconds: float,
+    ) -> None:
+        """Published, failed and dead counts; commit-to-publish latency."""
+        self.mark_seconds.observe(seconds)
+        now = datetime.now(UTC)
+        kinds = {e.id: (e, o.kind) for e, o in zip(events, outcomes, strict=True)}
+        for event, outcome in zip(events, outcomes, strict=True):
+            if outcome.is_ok:
+                self.published.labels(event.topic).inc()
+                self.latency.observe(max(0.0, (now - event.created_at).total_seconds()))
+        for failure in failures:
+            event, kind = kinds[failure.id]
+            self.failures.labels("reject" if kind is OutcomeKind.REJECT else "retry").inc()
+            if failure.retry_in is None:  # rejected, or its attempts are spent
+                self.dead.labels(event.topic).inc()
+        if lost:
+            self.failures.labels("lease_lost").inc(lost)
+
+
+class BacklogCollector:
+    """Gauges read from the outbox table at scrape time (cached for a few seconds)."""
+
+    def __init__(self, outbox: Outbox, max_age: float = 5.0) -> None:
+        self.outbox = outbox
+        self.max_age = max_age
+        self._cached: tuple[float, int, float, int] | None = None
+        self._at = 0.0
+        self._lock = threading.Lock()
+
+    def _read(self) -> tuple[float, int, float, int]:
+        with self._lock:
+            if self._cached is None or time.monotonic() - self._at > self.max_age:
+                status = self.outbox.status()
+                self._cached = (
+                    time.time(),
+                    status.counts["pending"],
+                    status.oldest_pending_age or 0.0,
+                    status.counts["dead"],
+                )
+                self._at = time.monotonic()
+            return self._cached
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the backlog gauges; nothing when the database does not answer."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            _, pending, age, dead = self._read()
+        except OutboxError as exc:
+            log.warning("backlog gauges unavailable: %s", exc)
+            return
+        yield GaugeMetricFamily("outbox_pending_events", "Pending events in the table.", pending)
+        yield GaugeMetricFamily(
+            "outbox_oldest_pending_age_seconds", "Age of the oldest pending event.", age
+        )
+        yield GaugeMetricFamily("outbox_dead_events", "Dead events in the table.", dead)
+
+
+class MetricsServer:
+    """Serves ``/metrics`` and ``/healthz`` for one relay on a background thread."""
+
+    def __init__(self, outbox: Outbox, relay: Relay, port: int, host: str = "0.0.0.0") -> None:
+        prom = _prometheus()
+        self.registry = prom.CollectorRegistry()
+        self.relay = relay
+        self.outbox = outbox
+        relay.observers.append(RelayMetrics(self.registry))
+        self.registry.register(BacklogCollector(outbox))
+        self.started = time.time()
+        # Healthy while a cycle finished within this many seconds.
+        self.stale_after = max(30.0, 3 * relay.settings.max_poll_interval + relay.settings.lease)
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] == "/metrics":
+                    body = prom.generate_latest(server.registry)
+                    self._reply(200, body, prom.CONTENT_TYPE_LATEST)
+                elif self.path.split("?")[0] == "/healthz":
+                    ok, detail = server.health()
+                    self._reply(200 if ok else 503, json.dumps(detail).encode(), "application/json")
+                else:
+                    self._reply(404, b"not found\n", "text/plain")
+
+            def _reply(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("metrics: " + format, *args)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="outbox-metrics")
+        self.thread.daemon = True
+
+    def start(self) -> MetricsServer:
+        """Start serving."""
+        self.thread.start()
+        log.info("metrics on :%d (/metrics, /healthz)", self.port)
+        return self
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Database reachable and a cycle finished recently."""
+        detail: dict[str, Any] = {"relay": self.relay.name}
+        last = self.relay.last_cycle_at or self.started
+        detail["seconds_since_last_cycle"] = round(time.time() - last, 3)
+        recent = time.time() - last < self.stale_after
+        try:
+            self.outbox.check()
+            detail["database"] = "ok"
+            reachable = True
+        except OutboxError as exc:
+            detail["database"] = str(exc)
+            reachable = False
+        if not recent:
+            detail["problem"] = f"no cycle finished in {self.stale_after:.0f}s"
+        ok = reachable and recent
+        detail["status"] = "ok" if ok else "unhealthy"
+        return ok, detail
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
