@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from brokers.base import Broker, create_broker
 from dialects.base import Dialect, get_dialect
+from outbox_core import tracing
 from outbox_core.config import Settings, mask_url
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import State, build_new_event
@@ -219,6 +220,7 @@ class Outbox:
                 "enqueue needs the Connection or Session of your transaction, "
                 f"not {type(conn).__name__} (use enqueue_async for async ones)"
             )
+        headers = tracing.with_trace_context(headers)
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
         bind = conn if isinstance(conn, Connection) else conn.connection()
         first = _first_in_transaction(bind, self)
@@ -247,6 +249,7 @@ class Outbox:
                 "enqueue_async needs the AsyncConnection or AsyncSession of your transaction, "
                 f"not {type(conn).__name__}"
             )
+        headers = tracing.with_trace_context(headers)
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
         # PostgreSQL folds repeated notifications of one transaction into one.
         await conn.execute(self.dialect.enqueue_statement(event, notify=self.notify))

@@ -34,6 +34,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from brokers.base import Broker
 from dialects.base import Dialect
+from outbox_core import tracing
 from outbox_core.config import Settings, redact
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult, Event, Failure, Outcome
@@ -144,6 +145,8 @@ class Relay:
         self.observers: list[RelayObserver] = []
         #: ``time.time()`` of the last finished cycle (health checks).
         self.last_cycle_at = 0.0
+        #: Producer spans per event when opentelemetry is installed.
+        self.tracer = tracing.tracer_for(broker)
 
     # -- connection ---------------------------------------------------------------
 
@@ -214,15 +217,20 @@ class Relay:
 
     def _publish(self, events: Sequence[Event]) -> list[Outcome]:
         """No transaction is open here."""
+        finish: tracing.Finish | None = None
+        if self.tracer is not None:
+            events, finish = self.tracer.start(events)
         try:
             outcomes = list(self.broker.publish(events))
         except Exception as exc:  # a broker must not raise; if it does, nothing is confirmed
             log.exception("broker raised while publishing %d events", len(events))
-            return [Outcome.retry(f"broker error: {type(exc).__name__}: {exc}")] * len(events)
+            outcomes = [Outcome.retry(f"broker error: {type(exc).__name__}: {exc}")] * len(events)
         if len(outcomes) != len(events):
             error = f"broker returned {len(outcomes)} outcomes for {len(events)} events"
             log.error(error)
-            return [Outcome.retry(error)] * len(events)
+            outcomes = [Outcome.retry(error)] * len(events)
+        if finish is not None:
+            finish(outcomes)
         return outcomes
 
     def _settle(
