@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from outbox_core import Outbox
+from outbox_core import CycleResult, Outbox, Relay
 
 PAYLOAD = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
 
@@ -47,3 +48,26 @@ def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
     return pages * resource.getpagesize() / 2**20
+
+
+def run_until_sent(relay: Relay, total: int, timeout: float = 3600.0) -> float:
+    """Run ``relay.run()`` (pipelined) until ``total`` events are sent; returns events/s."""
+    sent = 0
+    done_at = 0.0
+
+    def count(result: CycleResult) -> None:
+        nonlocal sent, done_at
+        sent += result.sent
+        if sent >= total and not done_at:
+            done_at = time.perf_counter()
+            relay.stop()
+
+    relay.on_cycle = count
+    started = time.perf_counter()
+    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    worker.start()
+    worker.join(timeout)
+    if sent < total:
+        relay.stop()
+        raise SystemExit(f"relay sent {sent} of {total}")
+    return total / (done_at - started)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,9 +23,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bulk_prefill
+from bench.common import bulk_prefill, run_until_sent
 from brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core import CycleResult, Outbox
+from outbox_core import Outbox
 from outbox_core.message import State
 
 
@@ -68,24 +67,7 @@ def relay_rate(outbox: Outbox, batch: int, total: int) -> float:
     relay = outbox.relay(
         MemoryBroker(MemoryQueue("drain")), batch_size=batch, reap_interval=0, cleanup_after=0
     )
-    sent = 0
-    done_at = 0.0
-
-    def count(result: CycleResult) -> None:
-        nonlocal sent, done_at
-        sent += result.sent
-        if sent >= total and not done_at:
-            done_at = time.perf_counter()
-            relay.stop()
-
-    relay.on_cycle = count
-    started = time.perf_counter()
-    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
-    worker.start()
-    worker.join(3600)
-    if sent < total:
-        raise SystemExit(f"relay sent {sent} of {total}")
-    return total / (done_at - started)
+    return run_until_sent(relay, total)
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bulk_prefill, rss_mb
+from bench.common import bulk_prefill, rss_mb, run_until_sent
 from brokers.callable import CallableBroker
-from outbox_core import CycleResult, Event, Outbox
+from outbox_core import Event, Outbox
 
 
 def discard(events: Sequence[Event]) -> None:
@@ -42,29 +42,28 @@ def main() -> None:
         relay = outbox.relay(
             CallableBroker(discard), batch_size=args.batch, reap_interval=60, cleanup_after=0
         )
-        sent = 0
-
-        def count(result: CycleResult) -> None:
-            nonlocal sent
-            sent += result.sent
-            if sent >= args.events:
-                relay.stop()
-
-        relay.on_cycle = count
-        worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+        sampler_stop = threading.Event()
         start = rss_mb()
         samples = [start]
+
+        def sample() -> None:
+            while not sampler_stop.wait(1.0):
+                samples.append(rss_mb())
+                print(f"  rss {samples[-1]:7.1f} MiB", flush=True)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         started = time.perf_counter()
-        worker.start()
-        while worker.is_alive():
-            worker.join(1.0)
-            samples.append(rss_mb())
-            print(f"  {sent:>9} sent  rss {samples[-1]:7.1f} MiB", flush=True)
+        rate = run_until_sent(relay, args.events)
+        sampler_stop.set()
+        sampler.join()
+        samples.append(rss_mb())
+        sent = args.events
         elapsed = time.perf_counter() - started
     finally:
         outbox.tables.metadata.drop_all(outbox.engine)
         outbox.dispose()
-    print(f"moved {sent} events in {elapsed:.0f}s ({sent / elapsed:.0f} events/s)")
+    print(f"moved {sent} events in {elapsed:.0f}s ({rate:.0f} events/s)")
     print(f"rss start {start:.1f} MiB, peak {max(samples):.1f} MiB, end {samples[-1]:.1f} MiB")
 
 

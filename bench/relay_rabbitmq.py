@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,8 +27,9 @@ from pika.adapters.select_connection import IOLoop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import run_until_sent
 from brokers.rabbitmq import RabbitMQBroker
-from outbox_core import CycleResult, Outbox
+from outbox_core import Outbox
 
 
 def raw_confirmed_rate(url: str, exchange: str, total: int, batch: int, body: bytes) -> float:
@@ -86,24 +86,7 @@ def relay_rate(outbox: Outbox, url: str, exchange: str, total: int, batch: int) 
     """Events/s for ``Relay.run()`` (pipelined) draining ``total`` prefilled events."""
     broker = RabbitMQBroker.from_url(url, exchange=exchange)
     relay = outbox.relay(broker, batch_size=batch, reap_interval=0, cleanup_after=0)
-    sent = 0
-    done_at = 0.0
-
-    def count(result: CycleResult) -> None:
-        nonlocal sent, done_at
-        sent += result.sent
-        if sent >= total and not done_at:
-            done_at = time.perf_counter()
-            relay.stop()
-
-    relay.on_cycle = count
-    started = time.perf_counter()
-    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
-    worker.start()
-    worker.join(600)
-    if sent != total:
-        raise SystemExit(f"relay sent {sent} of {total}")
-    return total / (done_at - started)
+    return run_until_sent(relay, total, timeout=600)
 
 
 def main() -> None:

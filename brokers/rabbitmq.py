@@ -71,7 +71,7 @@ from pika.adapters.select_connection import IOLoop
 
 from brokers import cloudevents
 from brokers.base import Broker
-from outbox_core.config import mask_url, parse_duration
+from outbox_core.config import mask_url, parse_bool, parse_duration
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome
 
@@ -181,17 +181,6 @@ def _describe(exc: BaseException | None) -> str:
 
 # ---------------------------------------------------------------------------
 # Option parsing
-
-
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(f"{name}: expected true or false, got {value!r}")
 
 
 def _as_choice(value: Any, name: str, choices: Sequence[str]) -> str:
@@ -359,7 +348,7 @@ class RabbitMQBroker(Broker):
         if "exchange_type" in options:
             kwargs["exchange_type"] = str(options["exchange_type"])
         if "declare_exchange" in options:
-            kwargs["declare_exchange"] = _as_bool(options["declare_exchange"], "declare_exchange")
+            kwargs["declare_exchange"] = parse_bool(options["declare_exchange"], "declare_exchange")
         if options.get("routing_key") is not None:
             kwargs["routing_key"] = str(options["routing_key"])
         if "envelope" in options:

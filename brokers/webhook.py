@@ -51,7 +51,7 @@ import httpx
 
 from brokers import cloudevents
 from brokers.base import Broker
-from outbox_core.config import mask_url, parse_duration
+from outbox_core.config import mask_url, parse_bool, parse_duration
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.message import Event, Outcome
 
@@ -266,17 +266,6 @@ def classify(
 # Option parsing
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(f"{name}: expected true or false, got {value!r}")
-
-
 def _as_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool):
         raise ConfigurationError(f"{name}: expected a positive integer, got {value!r}")
@@ -316,7 +305,7 @@ def _as_verify(value: Any) -> bool | ssl.SSLContext:
         return value
     text = str(value).strip()
     if text.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return _as_bool(text, "verify_tls")
+        return parse_bool(text, "verify_tls")
     try:
         return ssl.create_default_context(cafile=text)
     except (OSError, ssl.SSLError) as exc:

@@ -42,7 +42,8 @@ def parse_duration(value: str | float | int, name: str = "duration") -> float:
     return seconds
 
 
-def _parse_bool(value: Any, name: str) -> bool:
+def parse_bool(value: Any, name: str) -> bool:
+    """``True`` / ``False`` from a bool or from 1/0, true/false, yes/no, on/off."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -141,7 +142,7 @@ def _convert(values: Mapping[str, Any]) -> dict[str, Any]:
         elif name in _INTS:
             out[name] = _parse_int(value, name, _INTS[name])
         elif name in _BOOLS:
-            out[name] = _parse_bool(value, name)
+            out[name] = parse_bool(value, name)
         else:
             out[name] = str(value)
     return out
