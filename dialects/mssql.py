@@ -88,3 +88,26 @@ class MssqlDialect(Dialect):
         with self.transaction(conn):
             rows = conn.execute(stmt).all()
         return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
+
+    def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
+        """``INSERT ... SELECT ... WHERE NOT EXISTS (... WITH (UPDLOCK, HOLDLOCK) ...)``.
+
+        SQL Server has no insert-or-ignore. UPDLOCK, HOLDLOCK make the existence
+        check take a key-range lock held to commit: a second transaction checking
+        the same key waits for the first instead of also seeing "absent" and
+        failing on the primary key. The hinted read locks under
+        READ_COMMITTED_SNAPSHOT too, instead of reading an old version.
+        """
+        t = self.tables.inbox
+        existing: sa.Select[Any] = (
+            sa.select(sa.literal_column("1"))
+            .select_from(t)
+            .where(t.c.consumer == consumer, t.c.event_id == event_id)
+            .with_hint(t, "WITH (UPDLOCK, HOLDLOCK)", "mssql")
+        )
+        row = sa.select(
+            sa.literal(consumer, t.c.consumer.type),
+            sa.literal(event_id, t.c.event_id.type),
+            self.now(),
+        ).where(~existing.exists())
+        return sa.insert(t).from_select(["consumer", "event_id", "processed_at"], row)

@@ -97,3 +97,19 @@ class MysqlDialect(Dialect):
             )
         # The rows were read before the UPDATE counted this attempt.
         return [self.to_event(r, token, attempts_offset=1) for r in rows]
+
+    def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
+        """``INSERT IGNORE``: a duplicate key is skipped (0 rows) instead of failing.
+
+        IGNORE also turns truncation into a warning, which is why ``Inbox``
+        validates the consumer's length and the event id's form beforehand. A
+        concurrent insert of the same key waits on its record lock, then is
+        ignored if the other transaction committed. (Not ``ON DUPLICATE KEY
+        UPDATE``: the driver's FOUND_ROWS flag would report a duplicate as 1 row.)
+        """
+        t = self.tables.inbox
+        return (
+            sa.insert(t)
+            .values(consumer=consumer, event_id=event_id, processed_at=self.now())
+            .prefix_with("IGNORE")
+        )

@@ -91,3 +91,19 @@ class SqliteDialect(Dialect):
         with self.transaction(conn):
             rows = conn.execute(stmt).all()
         return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
+
+    def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
+        """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.
+
+        Unlike ``INSERT OR IGNORE`` it ignores only the primary-key conflict,
+        not NOT NULL or CHECK failures. Writers take turns on the database's
+        write lock, so a concurrent duplicate waits and then inserts nothing.
+        """
+        from sqlalchemy.dialects.sqlite import insert
+
+        t = self.tables.inbox
+        return (
+            insert(t)
+            .values(consumer=consumer, event_id=event_id, processed_at=self.now())
+            .on_conflict_do_nothing(index_elements=[t.c.consumer, t.c.event_id])
+        )

@@ -36,6 +36,11 @@ _EXPORTS = {
     "Status": "outbox",
     "Relay": "relay",
     "RetryPolicy": "retry",
+    "Inbox": "inbox",
+    "cleanup_inbox": "inbox",
+    "diagnose": "doctor",
+    "Finding": "doctor",
+    "Severity": "doctor",
     "OutboxTables": "schema",
 }
 
@@ -46,6 +51,8 @@ __all__ = [
     "DatabaseError",
     "Event",
     "EventError",
+    "Finding",
+    "Inbox",
     "InvalidIdentifier",
     "NewEvent",
     "Outbox",
@@ -57,11 +64,14 @@ __all__ = [
     "Relay",
     "RetryPolicy",
     "Settings",
+    "Severity",
     "State",
     "Status",
     "UnknownBroker",
     "UnknownDialect",
     "UnsupportedDatabase",
+    "cleanup_inbox",
+    "diagnose",
     "load_settings",
     "mask_url",
 ]
@@ -78,6 +88,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from outbox_core.config import Settings, load_settings, mask_url
+    from outbox_core.doctor import Finding, Severity, diagnose
     from outbox_core.errors import (
         BrokerError,
         ConfigurationError,
@@ -90,6 +101,7 @@ if TYPE_CHECKING:
         UnknownDialect,
         UnsupportedDatabase,
     )
+    from outbox_core.inbox import Inbox, cleanup_inbox
     from outbox_core.message import CycleResult, Event, NewEvent, Outcome, OutcomeKind, State
     from outbox_core.outbox import Outbox, Status
     from outbox_core.relay import Relay

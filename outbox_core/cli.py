@@ -287,13 +287,26 @@ def status(config_file: str | None, as_json: bool, watch: float | None, **values
 @main.command()
 @db_options
 @click.option("--older-than", default="7d", show_default=True, help="Age of sent rows to remove.")
+@click.option("--inbox-older-than", help="Also remove inbox records processed longer ago, e.g. 2d.")
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 4000))
 @handle_errors
-def cleanup(config_file: str | None, older_than: str, batch: int, **values: Any) -> None:
-    """Delete sent events older than --older-than, in batches (never unsent or dead rows)."""
+def cleanup(
+    config_file: str | None,
+    older_than: str,
+    inbox_older_than: str | None,
+    batch: int,
+    **values: Any,
+) -> None:
+    """Delete sent events (and old inbox records) in batches; never unsent or dead rows."""
     outbox = _outbox(_settings(config_file, **values))
     removed = outbox.cleanup(older_than=parse_duration(older_than, "--older-than"), batch=batch)
     click.echo(f"removed {removed} sent events older than {older_than}")
+    if inbox_older_than:
+        from outbox_core.inbox import cleanup_inbox
+
+        age = parse_duration(inbox_older_than, "--inbox-older-than")
+        removed = cleanup_inbox(outbox, age, batch)
+        click.echo(f"removed {removed} inbox records older than {inbox_older_than}")
 
 
 @main.command()
@@ -331,6 +344,15 @@ def demo(events: int, keys: int) -> None:
     logging.getLogger("outbox").debug("demo took %.1fs", time.monotonic() - started)
     sys.exit(0 if report.ok else 1)
 
+
+def _register_commands() -> None:
+    # Imported here: doctor imports a few helpers of this module.
+    from outbox_core.doctor import doctor_command
+
+    main.add_command(doctor_command)
+
+
+_register_commands()
 
 if __name__ == "__main__":
     main()

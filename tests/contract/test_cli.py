@@ -153,3 +153,18 @@ def test_replay_and_cleanup_commands(outbox: Outbox, db_url: str) -> None:
     result = run("cleanup", "--db", db_url, "--table", t.name, "--older-than", "0")
     assert result.returncode == 0, result.stderr
     assert "removed 0" in result.stdout  # the event is pending, not sent
+
+
+def test_cleanup_removes_old_inbox_records(outbox: Outbox, db_url: str) -> None:
+    from outbox_core import Inbox
+
+    inbox = Inbox(outbox)
+    with outbox.engine.begin() as conn:
+        assert inbox.record(conn, "billing", "6f1c2a3e-9b7d-4c1a-8e2f-0a1b2c3d4e5f")
+    time.sleep(0.05)
+    args = ("cleanup", "--db", db_url, "--table", outbox.table.name)
+    result = run(*args, "--inbox-older-than", "1h")
+    assert "removed 0 inbox records" in result.stdout, result.stderr
+    result = run(*args, "--inbox-older-than", "0")
+    assert result.returncode == 0, result.stderr
+    assert "removed 1 inbox records" in result.stdout

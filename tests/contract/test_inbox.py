@@ -1,0 +1,455 @@
+"""The inbox (idempotent consumer) contract, on every reachable database.
+
+First delivery recorded, duplicates refused, rollbacks record nothing,
+concurrent consumers of one id: exactly one wins. Cleanup by age in bounded
+batches. End to end: the documented pika consumer against the real RabbitMQ,
+with duplicate publishes, failed effects and lost acknowledgements, applies
+each event's effect exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pika
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from outbox_core import Outbox
+from outbox_core.inbox import Inbox, cleanup_inbox
+from tests.contract.broker_fixtures import RabbitState
+from tests.support import set_lock_timeout
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "consumer_example.py"
+
+
+@pytest.fixture
+def inbox(outbox: Outbox) -> Inbox:
+    return Inbox.for_outbox(outbox)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def inbox_rows(inbox: Inbox) -> list[tuple[str, str]]:
+    t = inbox.table
+    with inbox.outbox.engine.connect() as conn:
+        rows = conn.execute(sa.select(t.c.consumer, t.c.event_id).order_by(t.c.processed_at))
+        return [(c, str(e)) for c, e in rows]
+
+
+# -- record -----------------------------------------------------------------------------
+
+
+def test_first_record_is_new_then_duplicate(inbox: Inbox) -> None:
+    event_id = new_id()
+    with inbox.outbox.engine.begin() as conn:
+        assert inbox.record(conn, "billing", event_id) is True
+        assert inbox.record(conn, "billing", event_id) is False
+    with inbox.outbox.engine.begin() as conn:
+        assert inbox.record(conn, "billing", event_id.upper()) is False  # same id, any case
+        assert inbox.seen(conn, "billing", event_id) is True
+        # Every consumer processes the event once of its own.
+        assert inbox.seen(conn, "shipping", uuid.UUID(event_id)) is False
+        assert inbox.seen(conn, "shipping", event_id) is True
+    assert sorted(inbox_rows(inbox)) == [("billing", event_id), ("shipping", event_id)]
+
+
+def test_record_with_a_session(inbox: Inbox) -> None:
+    event_id = new_id()
+    with Session(inbox.outbox.engine) as session:
+        assert inbox.record(session, "billing", event_id) is True
+        session.rollback()
+        assert inbox.record(session, "billing", event_id) is True
+        session.commit()
+        assert inbox.record(session, "billing", event_id) is False
+        session.commit()
+    assert inbox_rows(inbox) == [("billing", event_id)]
+
+
+def test_a_rolled_back_transaction_records_nothing(inbox: Inbox, outbox: Outbox) -> None:
+    """The record and the effect commit together: a failed effect leaves the id unrecorded."""
+    meta = sa.MetaData()
+    effects = sa.Table(
+        f"{outbox.table.name}_fx", meta, sa.Column("event_id", sa.String(36), nullable=False)
+    )
+    meta.create_all(outbox.engine)
+    event_id = new_id()
+    try:
+        with pytest.raises(RuntimeError), outbox.engine.begin() as conn:
+            assert inbox.record(conn, "billing", event_id)
+            conn.execute(effects.insert().values(event_id=event_id))
+            raise RuntimeError("the business effect failed")
+        assert inbox_rows(inbox) == []
+        # The redelivery is processed again, and this time it commits.
+        with outbox.engine.begin() as conn:
+            assert inbox.record(conn, "billing", event_id)
+            conn.execute(effects.insert().values(event_id=event_id))
+        with outbox.engine.begin() as conn:
+            assert not inbox.record(conn, "billing", event_id)
+        with outbox.engine.connect() as conn:
+            assert conn.execute(sa.select(effects.c.event_id)).scalars().all() == [event_id]
+    finally:
+        meta.drop_all(outbox.engine)
+
+
+def test_record_async(backend: str, inbox: Inbox, db_url: str) -> None:
+    pytest.importorskip("greenlet")
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    async_urls = {
+        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
+        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
+    }
+    if backend not in async_urls:
+        pytest.skip(f"no async driver for {backend} in the test dependencies")
+    first, second = new_id(), new_id()
+
+    async def scenario() -> list[bool]:
+        engine = create_async_engine(async_urls[backend])
+        try:
+            results = []
+            async with engine.begin() as conn:
+                results.append(await inbox.record_async(conn, "billing", first))
+                results.append(await inbox.record_async(conn, "billing", first))
+            async with AsyncSession(engine) as session:
+                results.append(await inbox.seen_async(session, "billing", first))
+                await session.rollback()
+                results.append(await inbox.record_async(session, "billing", second))
+                await session.commit()
+            return results
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == [True, False, True, True]
+    assert sorted(e for _, e in inbox_rows(inbox)) == sorted([first, second])
+
+
+# -- concurrent consumers -----------------------------------------------------------------
+
+
+class Recorder(threading.Thread):
+    """Records one id on a connection of its own, in its own transaction."""
+
+    def __init__(self, inbox: Inbox, backend: str, event_id: str) -> None:
+        super().__init__(daemon=True)
+        self.inbox, self.backend, self.event_id = inbox, backend, event_id
+        self.started_insert = threading.Event()
+        self.result: bool | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.inbox.outbox.engine.connect() as conn:
+                set_lock_timeout(conn, self.backend, 20)  # a stuck wait fails, not hangs
+                with conn.begin():
+                    self.started_insert.set()
+                    self.result = self.inbox.record(conn, "billing", self.event_id)
+        except BaseException as exc:
+            self.error = exc
+
+
+@pytest.mark.parametrize("first_outcome", ["commit", "rollback"])
+def test_a_concurrent_duplicate_waits_for_the_first_then_loses(
+    backend: str, inbox: Inbox, first_outcome: str
+) -> None:
+    """Two consumers get the same message: the second waits; it wins only if the first fails.
+
+    PostgreSQL and MariaDB/MySQL wait on the first transaction's uncommitted
+    key, SQL Server on its key-range lock, SQLite on the database write lock.
+    """
+    event_id = new_id()
+    with inbox.outbox.engine.connect() as first:
+        tx = first.begin()
+        assert inbox.record(first, "billing", event_id) is True
+        second = Recorder(inbox, backend, event_id)
+        second.start()
+        assert second.started_insert.wait(5)
+        time.sleep(0.5)
+        assert second.is_alive(), f"second consumer did not wait: {second.result, second.error}"
+        if first_outcome == "commit":
+            tx.commit()
+        else:
+            tx.rollback()
+        second.join(15)
+    assert not second.is_alive(), "second consumer still blocked after the first finished"
+    assert second.error is None, repr(second.error)
+    # Committed first: the second sees a duplicate. Rolled back: the second processes it.
+    assert second.result is (first_outcome == "rollback")
+    assert inbox_rows(inbox) == [("billing", event_id)]
+
+
+def race(inbox: Inbox, backend: str, event_id: str, consumers: int) -> list[bool | BaseException]:
+    """``consumers`` threads record ``event_id`` at once, each in its own transaction."""
+    gate = threading.Barrier(consumers)
+    results: list[bool | BaseException] = []
+
+    def consume() -> None:
+        try:
+            with inbox.outbox.engine.connect() as conn:
+                set_lock_timeout(conn, backend, 20)
+                gate.wait(10)
+                with conn.begin():
+                    results.append(inbox.record(conn, "billing", event_id))
+                    time.sleep(0.05)  # hold the transaction so the others pile up
+        except BaseException as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=consume, daemon=True) for _ in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_many_concurrent_consumers_of_one_id_exactly_one_wins(backend: str, inbox: Inbox) -> None:
+    for _ in range(3):
+        results = race(inbox, backend, new_id(), 6)
+        assert sorted(results, key=repr) == [False] * 5 + [True], results
+
+
+# -- retention --------------------------------------------------------------------------
+
+
+def age_rows(inbox: Inbox, event_ids: list[str], seconds: float) -> None:
+    """Pretend these rows were processed ``seconds`` ago."""
+    t = inbox.table
+    with inbox.outbox.engine.begin() as conn:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.event_id.in_(event_ids))
+            .values(processed_at=inbox.dialect.after(-seconds))
+        )
+
+
+def test_cleanup_removes_only_old_rows_in_bounded_batches(inbox: Inbox) -> None:
+    old = [new_id() for _ in range(11)]
+    recent = [new_id() for _ in range(5)]
+    consumer = {e: f"consumer-{i % 3}" for i, e in enumerate(old + recent)}
+    with inbox.outbox.engine.begin() as conn:
+        for event_id in old + recent:
+            inbox.record(conn, consumer[event_id], event_id)  # several consumers per batch
+    age_rows(inbox, old, 3 * 86400)
+    age_rows(inbox, recent[:2], 3600)  # recent enough to keep
+
+    # Bounded: two transactions of at most 4 rows each.
+    assert inbox.cleanup(older_than=86400, batch=4, max_batches=2) == 8
+    left = {e for _, e in inbox_rows(inbox)}
+    assert len(left & set(old)) == 3 and set(recent) <= left
+    # The rest, with the function `outbox cleanup --inbox-older-than` calls.
+    assert cleanup_inbox(inbox.outbox, 86400, batch=4) == 3
+    assert {e for _, e in inbox_rows(inbox)} == set(recent)
+    assert inbox.cleanup(older_than=86400) == 0
+    # A removed id counts as new again: keep rows longer than any redelivery takes.
+    with inbox.outbox.engine.begin() as conn:
+        assert inbox.record(conn, consumer[old[0]], old[0]) is True
+        assert inbox.record(conn, consumer[recent[0]], recent[0]) is False
+
+
+def test_install_creates_only_the_inbox_table(db_url: str, table_name: str) -> None:
+    inbox = Inbox(db_url, table=table_name)
+    try:
+        inbox.install()
+        inbox.install()  # idempotent
+        inspector = sa.inspect(inbox.outbox.engine)
+        assert inspector.has_table(f"{table_name}_inbox")
+        assert not inspector.has_table(table_name)
+        with inbox.outbox.engine.begin() as conn:
+            assert inbox.record(conn, "billing", new_id())
+    finally:
+        inbox.table.drop(inbox.outbox.engine, checkfirst=True)
+        inbox.dispose()
+
+
+# -- end to end with RabbitMQ and the documented consumer ---------------------------------
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("consumer_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class AckLost:
+    """A channel whose first ``basic_ack`` of some messages is lost: they are redelivered."""
+
+    lock = threading.Lock()
+
+    def __init__(self, channel: Any, event_id: str, lose: set[str], lost: set[str]) -> None:
+        self.channel, self.event_id, self.lose, self.lost = channel, event_id, lose, lost
+
+    def basic_ack(self, delivery_tag: int) -> None:
+        with self.lock:
+            lose = self.event_id in self.lose and self.event_id not in self.lost
+            self.lost.add(self.event_id)
+        if lose:
+            self.channel.basic_nack(delivery_tag, requeue=True)
+        else:
+            self.channel.basic_ack(delivery_tag)
+
+    def basic_nack(self, delivery_tag: int, requeue: bool = True) -> None:
+        self.channel.basic_nack(delivery_tag, requeue=requeue)
+
+
+class Consumer(threading.Thread):
+    """One consumer process: its own AMQP connection, the example's handler."""
+
+    def __init__(self, rabbit: RabbitState, callback: Callable[..., None]) -> None:
+        super().__init__(daemon=True)
+        self.rabbit, self.callback = rabbit, callback
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            connection = pika.BlockingConnection(pika.URLParameters(self.rabbit.url))
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=5)
+            channel.basic_consume(self.rabbit.queue, on_message_callback=self.callback)
+            while not self.stop.is_set():
+                connection.process_data_events(time_limit=0.1)
+            connection.close()  # unacknowledged messages return to the queue
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_rabbitmq_redeliveries_apply_each_effect_exactly_once(
+    outbox: Outbox, inbox: Inbox, rabbit: RabbitState
+) -> None:
+    example = load_example()
+    meta = sa.MetaData()
+    invoices = sa.Table(
+        f"{outbox.table.name}_invoices",
+        meta,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("order_id", sa.Integer, nullable=False),  # no unique key: repeats would show
+    )
+    meta.create_all(outbox.engine)
+
+    n = 40
+    ids = [new_id() for _ in range(n)]
+    order_of = {event_id: i for i, event_id in enumerate(ids)}
+    published_twice = set(ids[::5])  # a relay that died before marking them sent
+    fail_first = set(ids[1::7])  # the effect fails once: rolled back, requeued
+    lose_ack = set(ids[2::6])  # committed, but the ack never reached RabbitMQ
+    lock = threading.Lock()
+    failed: set[str] = set()
+    lost: set[str] = set()
+    outcomes: list[tuple[str, str]] = []
+
+    def effect(conn: sa.Connection, payload: Any) -> None:
+        event_id = ids[payload["order_id"]]
+        with lock:
+            fail = event_id in fail_first and event_id not in failed
+            failed.add(event_id)
+        conn.execute(invoices.insert().values(order_id=payload["order_id"]))
+        if fail:
+            raise RuntimeError("payment provider timed out")
+
+    def on_message(channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        event_id = properties.message_id
+        target = AckLost(channel, event_id, lose_ack, lost)
+        outcome = example.handle_message(
+            outbox.engine, inbox, effect, target, method, properties, body
+        )
+        with lock:
+            outcomes.append((event_id, outcome))
+
+    def publish(event_id: str) -> None:
+        rabbit.channel.basic_publish(
+            rabbit.exchange,
+            "contract.order.created",
+            json.dumps({"order_id": order_of[event_id]}).encode(),
+            pika.BasicProperties(
+                message_id=event_id, content_type="application/json", delivery_mode=2
+            ),
+        )
+
+    consumers = [Consumer(rabbit, on_message) for _ in range(2)]
+    try:
+        for c in consumers:
+            c.start()
+        for event_id in ids:
+            publish(event_id)
+            if event_id in published_twice:
+                publish(event_id)
+        expected = n + len(published_twice) + len(fail_first) + len(lose_ack)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(outcomes) < expected:
+            assert all(c.error is None for c in consumers), [c.error for c in consumers]
+            time.sleep(0.05)
+        time.sleep(0.3)  # anything beyond the expected deliveries would show up now
+    finally:
+        for c in consumers:
+            c.stop.set()
+        for c in consumers:
+            c.join(10)
+    try:
+        assert [c.error for c in consumers] == [None, None]
+        kinds = Counter(kind for _, kind in outcomes)
+        assert kinds == {
+            "processed": n,
+            "duplicate": len(published_twice) + len(lose_ack),
+            "retry": len(fail_first),
+        }, kinds
+        # The proof: one invoice per event, although many were delivered twice.
+        with outbox.engine.connect() as conn:
+            per_order = Counter(conn.execute(sa.select(invoices.c.order_id)).scalars())
+        assert per_order == Counter(range(n))
+        assert {e for _, e in inbox_rows(inbox)} == set(ids)
+        # Everything acknowledged: nothing left in the queue.
+        declared = rabbit.channel.queue_declare(rabbit.queue, passive=True)
+        assert declared.method.message_count == 0
+    finally:
+        meta.drop_all(outbox.engine)
+
+
+def test_the_example_rejects_messages_it_cannot_deduplicate(outbox: Outbox, inbox: Inbox) -> None:
+    example = load_example()
+    calls: list[tuple[str, int, bool]] = []
+
+    class Channel:
+        def basic_ack(self, delivery_tag: int) -> None:
+            calls.append(("ack", delivery_tag, False))
+
+        def basic_nack(self, delivery_tag: int, requeue: bool = True) -> None:
+            calls.append(("nack", delivery_tag, requeue))
+
+    class Method:
+        delivery_tag = 7
+
+    effects: list[Any] = []
+
+    def run(message_id: str | None, body: bytes) -> str:
+        outcome: str = example.handle_message(
+            outbox.engine,
+            inbox,
+            lambda conn, payload: effects.append(payload),
+            Channel(),
+            Method(),
+            pika.BasicProperties(message_id=message_id),
+            body,
+        )
+        return outcome
+
+    assert run(None, b"{}") == "rejected"
+    assert run("order-42", b"{}") == "rejected"
+    assert run(new_id(), b"not json") == "rejected"
+    assert calls == [("nack", 7, False)] * 3 and effects == []
+    with pytest.raises(Exception, match="inbox consumer"):
+        example.make_callback(outbox.engine, inbox, print, consumer="")
