@@ -107,10 +107,7 @@ class PostgresqlDialect(Dialect):
     ) -> list[Event]:
         """Lease up to ``limit`` rows in one statement."""
         stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
-        with self.transaction(conn):
-            rows = conn.execute(stmt).all()
-        # RETURNING gives rows in no particular order; the relay publishes in id order.
-        return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
+        return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.

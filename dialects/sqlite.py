@@ -88,9 +88,7 @@ class SqliteDialect(Dialect):
     ) -> list[Event]:
         """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE``."""
         stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
-        with self.transaction(conn):
-            rows = conn.execute(stmt).all()
-        return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
+        return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.
