@@ -74,7 +74,9 @@ def test_metrics_and_health_of_a_running_relay(outbox: Outbox, db_url: str, tmp_
         while time.monotonic() < deadline:
             try:
                 text = scrape(base + "/metrics")
-                if 'outbox_events_published_total{topic="order.created"} 7.0' in text:
+                # The table gauges are cached for 5 s: wait for a fresh reading too.
+                published = 'outbox_events_published_total{topic="order.created"} 7.0' in text
+                if published and "outbox_pending_events 1.0" in text:
                     break
             except (urllib.error.URLError, ConnectionError):
                 pass
