@@ -348,8 +348,10 @@ def demo(events: int, keys: int) -> None:
 def _register_commands() -> None:
     # Imported here: doctor imports a few helpers of this module.
     from outbox_core.doctor import doctor_command
+    from outbox_core.migrate import migrate_command
 
     main.add_command(doctor_command)
+    main.add_command(migrate_command)
 
 
 _register_commands()
