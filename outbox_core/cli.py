@@ -8,7 +8,6 @@ masked.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import sys
@@ -19,14 +18,13 @@ from typing import Any, TypeVar
 
 import click
 
+from outbox_core.clitools import DIALECT_NAMES, handle_errors
 from outbox_core.config import Settings, load_settings, mask_url, parse_duration, redact
-from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.errors import ConfigurationError
 from outbox_core.outbox import Outbox, Status
 from outbox_core.schema import OutboxTables
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_DIALECTS = ["postgresql", "mysql", "mssql", "sqlite"]
 
 
 class RedactingFilter(logging.Filter):
@@ -84,7 +82,7 @@ def db_options(func: F) -> F:
         click.option("--table", help="Outbox table name [default: outbox]."),
         click.option("--schema", "schema", help="Database schema of the table."),
         click.option(
-            "--dialect", type=click.Choice(_DIALECTS), help="Override the dialect of the URL."
+            "--dialect", type=click.Choice(DIALECT_NAMES), help="Override the dialect of the URL."
         ),
         click.option(
             "--config",
@@ -117,20 +115,6 @@ def _outbox(settings: Settings) -> Outbox:
     )
 
 
-def handle_errors(func: F) -> F:
-    """Print toolkit errors as one clear line (exit 2) instead of a traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except OutboxError as exc:
-            click.echo(f"error: {redact(str(exc))}", err=True)
-            sys.exit(2)
-
-    return wrapper  # type: ignore[return-value]
-
-
 @click.group()
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option("--log-json", is_flag=True, help="Log JSON lines with structured fields.")
@@ -155,7 +139,7 @@ def install(config_file: str | None, **values: Any) -> None:
 
 
 @main.command()
-@click.option("--dialect", type=click.Choice(_DIALECTS), required=True)
+@click.option("--dialect", type=click.Choice(DIALECT_NAMES), required=True)
 @click.option("--table", default="outbox", show_default=True)
 @click.option("--schema", "schema", default=None)
 @handle_errors

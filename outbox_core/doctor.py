@@ -33,7 +33,6 @@ error (or a warning with ``--strict``), 2 when its own arguments are wrong.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import sqlite3
 import sys
@@ -43,19 +42,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import AddConstraint, CreateIndex
 
+from outbox_core.clitools import DIALECT_NAMES, handle_errors
 from outbox_core.config import load_settings, mask_url, parse_duration, redact
 from outbox_core.errors import ConfigurationError, OutboxError, UnsupportedDatabase
 from outbox_core.message import State
 from outbox_core.outbox import Outbox
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: Defaults of the thresholds (seconds, ratio, rows).
 MAX_BACKLOG_AGE = 300.0
@@ -969,31 +967,15 @@ def report_dict(outbox: Outbox, findings: list[Finding], *, strict: bool = False
 
 
 # -- the click command -------------------------------------------------------------------
-# The few lines of outbox_core.cli it needs are repeated here: importing the
-# cli module would make a cycle once cli registers this command.
-
-_DIALECTS = ["postgresql", "mysql", "mssql", "sqlite"]
-
-
-def _handle_errors(func: F) -> F:
-    """Print toolkit errors as one clear line (exit 2), as the other commands do."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except OutboxError as exc:
-            click.echo(f"error: {redact(str(exc))}", err=True)
-            sys.exit(2)
-
-    return wrapper  # type: ignore[return-value]
 
 
 @click.command("doctor")
 @click.option("--db", "database_url", help="Database URL [env OUTBOX_DATABASE_URL].")
 @click.option("--table", help="Outbox table name [default: outbox].")
 @click.option("--schema", "schema", help="Database schema of the table.")
-@click.option("--dialect", type=click.Choice(_DIALECTS), help="Override the dialect of the URL.")
+@click.option(
+    "--dialect", type=click.Choice(DIALECT_NAMES), help="Override the dialect of the URL."
+)
 @click.option(
     "--config",
     "config_file",
@@ -1028,7 +1010,7 @@ def _handle_errors(func: F) -> F:
     type=click.IntRange(min=0),
     help="...and number at least this many.",
 )
-@_handle_errors
+@handle_errors
 def doctor_command(
     config_file: str | None,
     as_json: bool,
