@@ -174,6 +174,98 @@ class Dialect(ABC):
             terms.append(self.head_of_key(o))
         return terms
 
+    def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """Lock the rows a claim picks, skipping rows other claims hold.
+
+        The default adds nothing: SQLite's ``BEGIN IMMEDIATE`` already makes
+        claims take turns. Row-locking databases override it.
+        """
+        return select
+
+    def claim_runs(
+        self, conn: Connection, *, limit: int, lease: float, token: str, run_length: int
+    ) -> list[Event]:
+        """Ordered mode with runs: per key, up to ``run_length`` consecutive due events.
+
+        Three statements in one transaction:
+
+        1. lock candidates (pending, due, at most ``run_length - 1`` pending
+           rows before them in their key, and no earlier leased, dead or
+           not-yet-due row of their key), skipping rows other claims hold;
+        2. a plain read of the keys' unsent rows: a key's locked rows count
+           only as far as they are the key's first unsent rows. A row skipped
+           because another claim holds it ends the run there;
+        3. lease what remains. The dropped rows' locks go at commit.
+        """
+        t = self.table
+        p = t.alias("p")
+        blocked = [int(State.LEASED)] + ([int(State.DEAD)] if self.block_on_dead else [])
+        earlier_blocked = sa.exists().where(
+            p.c.key == t.c.key,
+            p.c.id < t.c.id,
+            sa.or_(
+                p.c.state.in_(blocked),
+                sa.and_(p.c.state == int(State.PENDING), p.c.available_at > self.now()),
+            ),
+        )
+        ahead = (
+            sa.select(sa.func.count())
+            .where(p.c.key == t.c.key, p.c.state == int(State.PENDING), p.c.id < t.c.id)
+            .scalar_subquery()
+        )
+        candidates = self.lock_rows(
+            sa.select(*self.claim_columns(t))
+            .where(
+                *self.claimable(t),
+                sa.or_(t.c.key.is_(None), sa.and_(~earlier_blocked, ahead < run_length)),
+            )
+            .order_by(t.c.id)
+            .limit(limit)
+        )
+        with self.transaction(conn):
+            rows = conn.execute(candidates).all()
+            valid = self.run_prefixes(conn, rows)
+            if not valid:
+                return []
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id.in_(sorted(valid)), t.c.state == int(State.PENDING))
+                .values(self.lease_values(lease=lease, token=token))
+            )
+        # The rows were read before the UPDATE counted this attempt.
+        return [self.to_event(r, token, attempts_offset=1) for r in rows if int(r[0]) in valid]
+
+    def run_prefixes(self, conn: Connection, rows: Sequence[Any]) -> set[int]:
+        """Ids of the locked ``rows`` that are their key's first unsent rows, in order.
+
+        A plain read (no lock hint): a row another claim holds, skipped by
+        SKIP LOCKED / READPAST, ends its key's run there.
+        """
+        t = self.table
+        valid = {int(r[0]) for r in rows if r[3] is None}
+        keys = sorted({r[3] for r in rows if r[3] is not None})
+        if not keys:
+            return valid
+        unsent = [int(State.PENDING), int(State.LEASED)]
+        if self.block_on_dead:
+            unsent.append(int(State.DEAD))
+        top = max(int(r[0]) for r in rows)
+        order = conn.execute(
+            sa.select(t.c.id, t.c.key)
+            .where(t.c.key.in_(keys), t.c.state.in_(unsent), t.c.id <= top)
+            .order_by(t.c.id)
+        ).all()
+        ours = {int(r[0]) for r in rows}
+        broken: set[str] = set()
+        for row_id, key in order:
+            if key in broken:
+                continue
+            if int(row_id) in ours:
+                valid.add(int(row_id))
+            else:
+                broken.add(key)  # an earlier row we do not hold: the run stops here
+        return valid
+
     def claim_columns(self, o: sa.FromClause) -> list[sa.ColumnElement[Any]]:
         """The columns a claim returns, in :meth:`to_event` order."""
         c = o.c

@@ -164,6 +164,9 @@ def schema(dialect: str, table: str, schema: str | None) -> None:
 @click.option("--max-poll-interval", help="Longest idle poll interval, e.g. 5s.")
 @click.option("--max-attempts", type=int)
 @click.option("--ordered/--unordered", default=None, help="Per-key order (head of key).")
+@click.option(
+    "--run-length", type=int, help="Ordered: consecutive events of a key per claim [default: 1]."
+)
 @click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
 @click.option("--delete-on-send", is_flag=True, default=None)
 @click.option("--cleanup-after", help="Remove sent rows older than this, e.g. 7d (0: never).")

@@ -85,6 +85,10 @@ class Settings:
     backoff_cap: float = 300.0
     #: Head-of-key ordering: events of one key are published in id order.
     ordered: bool = False
+    #: In ordered mode, up to this many consecutive events of a key per claim
+    #: (1: only the head). A run is published one event after another; the
+    #: first failure stops its key and the rest go back unpublished.
+    run_length: int = 1
     #: In ordered mode, a dead head blocks the rest of its key.
     block_on_dead: bool = True
     #: PostgreSQL: producers NOTIFY at commit and relays LISTEN (polling stays the fallback).
@@ -123,7 +127,7 @@ _DURATIONS = {
     "cleanup_interval",
     "reap_interval",
 }
-_INTS = {"batch_size": 1, "max_attempts": 1, "cleanup_batch": 1}
+_INTS = {"batch_size": 1, "max_attempts": 1, "cleanup_batch": 1, "run_length": 1}
 _BOOLS = {"ordered", "block_on_dead", "delete_on_send", "notify"}
 _NAMES = {f.name for f in fields(Settings)}
 

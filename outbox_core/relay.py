@@ -196,9 +196,22 @@ class Relay:
             token = self.new_token()
             started = time.perf_counter()
             with translate_errors("claim"):
-                events = self.dialect.claim(
-                    self.conn, limit=self.batch_size, lease=s.lease, token=token, ordered=s.ordered
-                )
+                if s.ordered and s.run_length > 1:
+                    events = self.dialect.claim_runs(
+                        self.conn,
+                        limit=self.batch_size,
+                        lease=s.lease,
+                        token=token,
+                        run_length=s.run_length,
+                    )
+                else:
+                    events = self.dialect.claim(
+                        self.conn,
+                        limit=self.batch_size,
+                        lease=s.lease,
+                        token=token,
+                        ordered=s.ordered,
+                    )
         except DatabaseError:
             self._drop_connection()
             raise
@@ -206,14 +219,47 @@ class Relay:
             observer.claimed(events, time.perf_counter() - started)
         return _Claim(token, events, reaped)
 
-    def _publish_or_release(self, claim: _Claim) -> list[Outcome]:
+    def _publish_or_release(self, claim: _Claim) -> list[Outcome | None]:
         try:
-            return self._publish(claim.events)
+            return self._deliver(claim.events)
         except (KeyboardInterrupt, SystemExit):
             # Interrupted mid-publish (second signal): give the claims back now
             # rather than leave them leased until the lease expires.
             self._release(claim.events, claim.token)
             raise
+
+    def _deliver(self, events: Sequence[Event]) -> list[Outcome | None]:
+        """Publish a batch; runs of a key go out one event after another.
+
+        With ``run_length > 1`` the batch is published in waves: wave n holds
+        the n-th event of every key's run (keyless events go in the first), and
+        a key's next event is sent only once its previous one was accepted. The
+        events after a key's first failure are not published (``None``): the
+        relay gives them back without burning an attempt.
+        """
+        if not (self.settings.ordered and self.settings.run_length > 1):
+            return list(self._publish(events))
+        runs: dict[str, list[int]] = {}
+        wave: list[int] = []
+        for index, event in enumerate(events):
+            if event.key is None:
+                wave.append(index)
+            else:
+                runs.setdefault(event.key, []).append(index)
+        wave.extend(indexes[0] for indexes in runs.values())
+        outcomes: list[Outcome | None] = [None] * len(events)
+        depth = 0
+        while wave:
+            wave.sort()
+            for index, outcome in zip(wave, self._publish([events[i] for i in wave]), strict=True):
+                outcomes[index] = outcome
+            depth += 1
+            wave = [
+                indexes[depth]
+                for indexes in runs.values()
+                if len(indexes) > depth and (done := outcomes[indexes[depth - 1]]) and done.is_ok
+            ]
+        return outcomes
 
     def _publish(self, events: Sequence[Event]) -> list[Outcome]:
         """No transaction is open here."""
@@ -234,13 +280,17 @@ class Relay:
         return outcomes
 
     def _settle(
-        self, claim: _Claim, outcomes: Sequence[Outcome], result: CycleResult
+        self, claim: _Claim, outcomes: Sequence[Outcome | None], result: CycleResult
     ) -> CycleResult:
-        """Tx 2: mark sent / failed, fenced by the claim's token."""
+        """Tx 2: mark sent / failed (and give back what was not published), fenced by token."""
         token = claim.token
         ok: list[int] = []
         failures: list[Failure] = []
+        unpublished: list[Event] = []
         for event, outcome in zip(claim.events, outcomes, strict=True):
+            if outcome is None:
+                unpublished.append(event)
+                continue
             if outcome.is_ok:
                 ok.append(event.id)
                 continue
@@ -267,14 +317,21 @@ class Relay:
                 )
             with translate_errors("mark_failed"):
                 failed = self.dialect.mark_failed(self.conn, failures, token=token)
+            released = 0
+            if unpublished:
+                with translate_errors("release"):
+                    released = self.dialect.release(
+                        self.conn, [e.id for e in unpublished], token=token
+                    )
         except DatabaseError:
             self._drop_connection()
             raise
         lost = (len(ok) - sent) + (len(failures) - failed)
+        published = [(e, o) for e, o in zip(claim.events, outcomes, strict=True) if o is not None]
         for observer in self.observers:
             observer.settled(
-                claim.events,
-                outcomes,
+                [e for e, _ in published],
+                [o for _, o in published],
                 failures,
                 sent=sent,
                 lost=lost,
@@ -296,6 +353,7 @@ class Relay:
             retried=len(failures) - dead,
             dead=dead,
             lease_lost=lost,
+            released=released,
             errors=tuple(f.error for f in failures[:10]),
         )
 
@@ -436,7 +494,7 @@ class Relay:
             if len(claim.events) >= self.batch_size and not self._stop.is_set():
                 prefetched = db.submit(self._claim)  # a full batch: there is probably more
             try:
-                outcomes = self._publish(claim.events)
+                outcomes = self._deliver(claim.events)
             except (KeyboardInterrupt, SystemExit):
                 db.submit(self._release, claim.events, claim.token).result()
                 if prefetched is not None:
@@ -477,7 +535,7 @@ class Relay:
             db.submit(self._release, taken.events, taken.token).result()
 
     def _settle_quietly(
-        self, claim: _Claim, outcomes: Sequence[Outcome], result: CycleResult
+        self, claim: _Claim, outcomes: Sequence[Outcome | None], result: CycleResult
     ) -> None:
         """Settle on the database thread; a failure leaves the leases to expire."""
         try:

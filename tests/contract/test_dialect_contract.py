@@ -472,3 +472,50 @@ def test_configuration_errors_are_named(db_url: str) -> None:
         Outbox("oracle://scott:tiger@localhost/x")
     with pytest.raises(UnknownBroker, match=r"amqp://.*memory://"):
         Outbox(db_url).relay("kafka://localhost:9092")
+
+
+# -- ordered runs ------------------------------------------------------------------------
+
+
+def test_ordered_runs_go_in_order_and_stop_a_key_at_its_first_failure(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        k = [outbox.enqueue(conn, "t", {"i": i}, key="k") for i in range(4)]
+        j = [outbox.enqueue(conn, "t", {"i": i}, key="j") for i in range(2)]
+    failing = {k[1]}
+    relay, queue = _relay(
+        outbox,
+        lambda e: Outcome.retry("503") if e.event_id in failing else None,
+        ordered=True,
+        run_length=3,
+        backoff_base=60,
+    )
+    result = relay.run_once()
+    relay.close()
+    assert (result.claimed, result.sent, result.retried, result.released) == (5, 3, 1, 1)
+    assert [e.event_id for e in queue.snapshot() if e.key == "k"] == [k[0]]
+    assert [e.event_id for e in queue.snapshot() if e.key == "j"] == j
+    state = {str(r.event_id): (r.state, r.attempts) for r in rows(outbox)}
+    assert state[k[1]] == (State.PENDING, 1)  # failed: backs off
+    assert state[k[2]] == (State.PENDING, 0)  # given back unpublished: no attempt burned
+    assert state[k[3]] == (State.PENDING, 0)  # beyond the run: never claimed
+
+
+def test_ordered_run_never_skips_a_head_another_claim_holds(backend: str, outbox: Outbox) -> None:
+    if not outbox.dialect.row_locks:
+        pytest.skip("SQLite claims are serial: no claim can be open during another")
+    with outbox.engine.begin() as conn:
+        k = [outbox.enqueue(conn, "t", {"i": i}, key="k") for i in range(3)]
+        free = outbox.enqueue(conn, "t", {}, key="other")
+    d = outbox.dialect
+    with connection(outbox) as a, connection(outbox) as b:
+        set_lock_timeout(b, backend, 2)
+        d.prepare(a)
+        a.begin()
+        assert [e.event_id for e in claim(outbox, a, "a", ordered=True, limit=1)] == [k[0]]
+        # k[0] is locked, not yet leased: SKIP LOCKED skips it, the run check stops k there.
+        taken = d.claim_runs(b, limit=10, lease=LEASE, token="b", run_length=3)
+        assert [e.event_id for e in taken] == [free]
+        a.commit()
+        d.mark_sent(a, [rows(outbox)[0].id], token="a", delete=False)
+        taken = d.claim_runs(b, limit=10, lease=LEASE, token="b2", run_length=3)
+        assert [e.event_id for e in taken] == k[1:]

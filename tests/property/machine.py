@@ -83,6 +83,8 @@ class OutboxMachine(RuleBasedStateMachine):
     dialect: ClassVar[Dialect]
     backend: ClassVar[str]
     ordered: ClassVar[bool] = False
+    #: Ordered mode: consecutive events of a key per claim (1: the head only).
+    run_length: ClassVar[int] = 1
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,9 +173,14 @@ class OutboxMachine(RuleBasedStateMachine):
         actor.seq += 1
         token = f"{actor.name}:{actor.seq}"
         try:
-            claimed = self.dialect.claim(
-                actor.conn, limit=limit, lease=LEASE, token=token, ordered=self.ordered
-            )
+            if self.ordered and self.run_length > 1:
+                claimed = self.dialect.claim_runs(
+                    actor.conn, limit=limit, lease=LEASE, token=token, run_length=self.run_length
+                )
+            else:
+                claimed = self.dialect.claim(
+                    actor.conn, limit=limit, lease=LEASE, token=token, ordered=self.ordered
+                )
         except sa.exc.OperationalError as exc:
             raise LockWait(f"{actor.name}'s claim waited on another relay's locks: {exc}") from exc
         assert len(claimed) <= limit
@@ -186,7 +193,12 @@ class OutboxMachine(RuleBasedStateMachine):
             and self.events[e.event_id].state is State.LEASED
             and not self.events[e.event_id].expired
         }
+        claimed_ids = {e.event_id for e in claimed}
+        per_key: dict[str, int] = {}
         for event in claimed:
+            if event.key is not None:
+                per_key[event.key] = per_key.get(event.key, 0) + 1
+                assert per_key[event.key] <= self.run_length, f"run of {event.key} too long"
             assert event.event_id not in self.rolled_back, "a rolled-back event was claimed"
             assert event.event_id in self.events, "claimed an event nobody committed"
             assert event.event_id not in live, f"event {event.id} leased twice"
@@ -194,7 +206,12 @@ class OutboxMachine(RuleBasedStateMachine):
             assert ev.state is State.PENDING, f"claimed event {ev.id} in state {ev.state.name}"
             if self.ordered and ev.key is not None:
                 earlier = [e for e in self.events.values() if e.key == ev.key and e.id < ev.id]
-                unsent = [e.id for e in earlier if e.state is not State.SENT]
+                # Every earlier unsent event of the key must be in this same claim (a run).
+                unsent = [
+                    e.id
+                    for e in earlier
+                    if e.state is not State.SENT and e.event_id not in claimed_ids
+                ]
                 assert not unsent, f"claimed {ev.id} while earlier {unsent} of {ev.key} unsent"
             if hold_open:
                 actor.before[event.event_id] = (ev.state, ev.owner, ev.attempts, ev.expired)
@@ -223,7 +240,14 @@ class OutboxMachine(RuleBasedStateMachine):
         assert actor.token is not None
         ok: list[Event] = []
         failures: list[tuple[Event, Failure]] = []
+        unpublished: list[Event] = []
+        stopped: set[str] = set()  # ordered: a key's first failure stops the rest of its run
         for event, outcome in zip(actor.claim, outcomes, strict=False):
+            if self.ordered and event.key in stopped:
+                unpublished.append(event)
+                continue
+            if self.ordered and event.key is not None and outcome != "ok":
+                stopped.add(event.key)
             if outcome == "ok":
                 self._deliver(event)
                 ok.append(event)
@@ -240,6 +264,18 @@ class OutboxMachine(RuleBasedStateMachine):
         assert failed == len(owned_failed), (
             f"mark_failed changed {failed}, expected {len(owned_failed)}"
         )
+        owned_unpublished = [
+            e
+            for e in unpublished
+            if self._owned(actor, e) and self.events[e.event_id].state is State.LEASED
+        ]
+        released = self.dialect.release(actor.conn, [e.id for e in unpublished], token=actor.token)
+        assert released == len(owned_unpublished), (
+            f"release changed {released}, expected {len(owned_unpublished)}"
+        )
+        for event in owned_unpublished:
+            ev = self.events[event.event_id]
+            ev.state, ev.owner, ev.attempts = State.PENDING, None, max(ev.attempts - 1, 0)
         for event in owned_ok:
             ev = self.events[event.event_id]
             ev.state, ev.owner = State.SENT, None
@@ -409,7 +445,12 @@ class OutboxMachine(RuleBasedStateMachine):
 
 
 def machine_for(
-    outbox: Outbox, backend: str, *, ordered: bool, dialect: Dialect | None = None
+    outbox: Outbox,
+    backend: str,
+    *,
+    ordered: bool,
+    dialect: Dialect | None = None,
+    run_length: int = 1,
 ) -> type[OutboxMachine]:
     """A machine class bound to one outbox table (and optionally a modified dialect)."""
     attrs: dict[str, Any] = {
@@ -417,6 +458,7 @@ def machine_for(
         "dialect": dialect or outbox.dialect,
         "backend": backend,
         "ordered": ordered,
+        "run_length": run_length,
     }
     return type(
         f"OutboxMachine_{backend}_{'ordered' if ordered else 'any'}", (OutboxMachine,), attrs
