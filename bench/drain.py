@@ -63,9 +63,16 @@ def ceiling(outbox: Outbox, batch: int) -> tuple[float, int]:
     return moved / (time.perf_counter() - started), moved
 
 
-def relay_rate(outbox: Outbox, batch: int, total: int) -> float:
+def relay_rate(
+    outbox: Outbox, batch: int, total: int, *, ordered: bool = False, run_length: int = 1
+) -> float:
     relay = outbox.relay(
-        MemoryBroker(MemoryQueue("drain")), batch_size=batch, reap_interval=0, cleanup_after=0
+        MemoryBroker(MemoryQueue("drain")),
+        batch_size=batch,
+        reap_interval=0,
+        cleanup_after=0,
+        ordered=ordered,
+        run_length=run_length,
     )
     return run_until_sent(relay, total)
 
@@ -75,17 +82,34 @@ def main() -> None:
     parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--keys", type=int, default=1000, help="distinct ordering keys")
+    parser.add_argument(
+        "--ordered-runs",
+        default="",
+        help="also drain in ordered mode with these run lengths, e.g. 1,10,50",
+    )
     args = parser.parse_args()
 
     outbox = Outbox(args.db, table=f"bench_drain_{uuid.uuid4().hex[:8]}")
     outbox.install()
     try:
-        fill = bulk_prefill(outbox, args.events)
+        fill = bulk_prefill(outbox, args.events, keys=args.keys)
         print(f"prefilled {args.events} events ({fill:.0f} events/s)")
         raw, moved = ceiling(outbox, args.batch)
         assert moved == args.events, moved
         reset(outbox)
         rate = relay_rate(outbox, args.batch, args.events)
+        ordered: list[tuple[int, float]] = []
+        for run_length in (int(x) for x in args.ordered_runs.split(",") if x):
+            reset(outbox)
+            ordered.append(
+                (
+                    run_length,
+                    relay_rate(
+                        outbox, args.batch, args.events, ordered=True, run_length=run_length
+                    ),
+                )
+            )
     finally:
         outbox.tables.metadata.drop_all(outbox.engine)
         outbox.dispose()
@@ -93,6 +117,11 @@ def main() -> None:
     print(f"bare claim+mark ceiling: {raw:8.0f} events/s")
     print(f"relay to memory broker:  {rate:8.0f} events/s")
     print(f"ratio relay/ceiling: {rate / raw:.2f} (target >= 0.60)")
+    for run_length, ordered_rate in ordered:
+        print(
+            f"ordered over {args.keys} keys, run length {run_length:>3}: "
+            f"{ordered_rate:8.0f} events/s"
+        )
 
 
 if __name__ == "__main__":
