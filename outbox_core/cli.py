@@ -256,19 +256,19 @@ def render_status(status: Status) -> str:
 def status(config_file: str | None, as_json: bool, watch: float | None, **values: Any) -> None:
     """Counts per state, oldest pending age, rates, dead events per topic."""
     outbox = _outbox(_settings(config_file, **values))
-    while True:
-        result = outbox.status()
-        text = json.dumps(result.as_dict()) if as_json else render_status(result)
-        if watch is None:
+    try:
+        while True:
+            result = outbox.status()
+            text = json.dumps(result.as_dict()) if as_json else render_status(result)
+            if watch is None:
+                click.echo(text)
+                return
+            if not as_json:
+                click.clear()
             click.echo(text)
-            return
-        if not as_json:
-            click.clear()
-        click.echo(text)
-        try:
             time.sleep(watch)
-        except KeyboardInterrupt:
-            return
+    except KeyboardInterrupt:
+        return  # ^C ends --watch, wherever it lands
 
 
 @main.command()
