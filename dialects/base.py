@@ -33,6 +33,12 @@ MAX_ERROR = 2000
 
 _ACTIVE = (State.PENDING, State.LEASED)
 
+#: Most keys one ordered claim looks at: two bound parameters each, which keeps
+#: the statement inside SQL Server's 2100 parameters and SQLite's expression depth.
+MAX_KEYS_PER_CLAIM = 500
+#: Run end of a key with fewer pending rows than the run length: no end.
+NO_END = 2**62
+
 
 class Listener(Protocol):
     """Waits for wake-ups sent by producers' commits."""
@@ -52,6 +58,10 @@ class Dialect(ABC):
     #: True when concurrent claims skip each other's locked rows instead of
     #: waiting (SKIP LOCKED / READPAST). SQLite serialises writers instead.
     row_locks: ClassVar[bool] = True
+    #: Ordered claims find keys with ``GROUP BY`` (MySQL runs it as a loose
+    #: index scan; SQL Server's recursive CTEs allow no subqueries) instead of
+    #: a recursive CTE.
+    group_key_scan: ClassVar[bool] = False
     #: Largest claim batch the dialect accepts.
     max_batch: ClassVar[int] = 10_000
 
@@ -59,6 +69,10 @@ class Dialect(ABC):
         self.tables = tables
         self.table = tables.outbox
         self.block_on_dead = block_on_dead
+        # Ordered claims visit keys round-robin from here (see key_window); a
+        # hint shared by the relays of this process, so races are harmless.
+        self._key_cursor: str | None = None
+        self._scans: dict[tuple[bool, int, int, int], sa.CompoundSelect[Any]] = {}
 
     # -- clock ---------------------------------------------------------------
 
@@ -161,18 +175,213 @@ class Dialect(ABC):
         a leased head and let its successor overtake it.
         """
         p = self.table.alias("p")
-        blocking = [int(State.PENDING), int(State.LEASED)]
-        if self.block_on_dead:
-            blocking.append(int(State.DEAD))
-        earlier = sa.exists().where(p.c.key == o.c.key, p.c.state.in_(blocking), p.c.id < o.c.id)
-        return sa.or_(o.c.key.is_(None), ~earlier)
+        blocking = [State.PENDING, State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
+        # One EXISTS per state: each is a single range of (state, key, id); with
+        # state IN (...) MariaDB uses only the index's first column.
+        earlier = [
+            sa.exists().where(p.c.state == int(s), p.c.key == o.c.key, p.c.id < o.c.id)
+            for s in blocking
+        ]
+        return sa.or_(o.c.key.is_(None), ~sa.or_(*earlier))
 
-    def claim_filter(self, o: sa.FromClause, ordered: bool) -> list[sa.ColumnElement[bool]]:
-        """All WHERE terms of a claim."""
+    def claim_filter(
+        self,
+        o: sa.FromClause,
+        ordered: bool,
+        window: sa.ColumnElement[bool] | None = None,
+    ) -> list[sa.ColumnElement[bool]]:
+        """All WHERE terms of a claim; ``window`` comes from :meth:`key_window`."""
         terms = self.claimable(o)
         if ordered:
             terms.append(self.head_of_key(o))
+        if window is not None:
+            terms.append(window)
         return terms
+
+    # -- ordered claims: which keys to look at -------------------------------
+
+    def run_end(self, key: sa.ColumnElement[Any], run_length: int) -> sa.ScalarSelect[Any]:
+        """The id of ``key``'s ``run_length``-th pending row (NULL when it has fewer)."""
+        q = self.table.alias("q")
+        return (
+            sa.select(q.c.id)
+            .where(q.c.state == int(State.PENDING), q.c.key == key)
+            .order_by(q.c.id)
+            .offset(run_length - 1)
+            .limit(1)
+            .scalar_subquery()
+        )
+
+    def key_scan(self, *, after: str | None, count: int, run_length: int) -> sa.Select[Any]:
+        """Up to ``count`` keys with pending rows after ``after``: ``(key, head, run_end)``.
+
+        ``head`` is the key's first pending row, ``run_end`` its
+        ``run_length``-th (NULL when it has fewer). A loose index scan over
+        ``(state, key, id)``: a recursive CTE steps from one key to the next
+        with one index probe each, so the cost follows the number of keys
+        visited, not the depth of their backlogs. Where
+        :attr:`group_key_scan` is set, ``GROUP BY state, key`` instead.
+        """
+        t = self.table
+        p = t.alias("p")
+        if self.group_key_scan:
+            after_term = (
+                p.c.key.is_not(None)
+                if after is None
+                else p.c.key > sa.bindparam("after", after, type_=t.c.key.type)
+            )
+            # GROUP BY state, key (not just key) with MIN(id): MySQL and MariaDB
+            # run it as a loose index scan ("Using index for group-by").
+            g = (
+                sa.select(p.c.key, sa.func.min(p.c.id).label("head"))
+                .where(p.c.state == int(State.PENDING), after_term)
+                .group_by(p.c.state, p.c.key)
+                .order_by(p.c.state, p.c.key)
+                .limit(count)
+                .subquery("g")
+            )
+            end = g.c.head if run_length == 1 else self.run_end(g.c.key, run_length)
+            return sa.select(g.c.key, g.c.head, end.label("run_end"))
+
+        def next_key(prev: sa.ColumnElement[Any] | None) -> sa.ScalarSelect[Any]:
+            q = sa.select(p.c.key).where(p.c.state == int(State.PENDING))
+            q = q.where(p.c.key.is_not(None) if prev is None else p.c.key > prev)
+            return q.order_by(p.c.key).limit(1).scalar_subquery()
+
+        start = sa.bindparam("after", after, type_=t.c.key.type) if after is not None else None
+        walk = sa.select(next_key(start).label("key"), sa.literal(1).label("n")).cte(
+            "key_walk", recursive=True
+        )
+        walk = walk.union_all(
+            sa.select(next_key(walk.c.key), walk.c.n + 1).where(
+                walk.c.key.is_not(None), walk.c.n < count
+            )
+        )
+        head = self.run_end(walk.c.key, 1)
+        end = head if run_length == 1 else self.run_end(walk.c.key, run_length)
+        return sa.select(walk.c.key, head.label("head"), end.label("run_end")).where(
+            walk.c.key.is_not(None)
+        )
+
+    def run_rows(
+        self, keys: sa.CTE, run_length: int
+    ) -> tuple[sa.FromClause, sa.ColumnElement[int]]:
+        """The pending rows of each visited key from its head to its run's end: (FROM, id column).
+
+        A join on ``id <= run_end``; PostgreSQL overrides it with a ``LATERAL
+        ... LIMIT`` that its planner cannot turn into a hash join over the
+        keys' whole backlogs.
+        """
+        r = self.table.alias("r")
+        end = sa.func.coalesce(keys.c.run_end, sa.literal(NO_END, sa.BigInteger()))
+        on = sa.and_(
+            r.c.state == int(State.PENDING),
+            r.c.key == keys.c.key,
+            r.c.id >= keys.c.head,
+            r.c.id <= end,
+        )
+        return keys.join(r, on), r.c.id
+
+    def run_scan(
+        self, *, after: str | None, count: int, run_length: int, limit: int
+    ) -> sa.CompoundSelect[Any]:
+        """The first ``limit`` ids, in id order, of the runs of the keys :meth:`key_scan` visits.
+
+        Keys whose first pending row has an earlier leased (or, with
+        ``block_on_dead``, dead) row are left out: they have nothing to claim.
+        Rows ``(id, NULL, NULL)``, then one row ``(NULL, last key visited,
+        keys visited)``: the cursor for the next claim.
+        """
+        t = self.table
+        keys = self.key_scan(after=after, count=count, run_length=run_length).cte("visited")
+        p = t.alias("b")
+        blocking = [State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
+        blocked = sa.or_(
+            *(
+                sa.exists().where(p.c.state == int(s), p.c.key == keys.c.key, p.c.id < keys.c.head)
+                for s in blocking
+            )
+        )
+        if run_length == 1:
+            source: sa.FromClause = keys
+            ids: sa.ColumnElement[int] = keys.c.head
+        else:
+            source, ids = self.run_rows(keys, run_length)
+        picked = (
+            sa.select(ids.label("id"))
+            .select_from(source)
+            .where(~blocked)
+            .order_by(ids)
+            .limit(limit)
+            .subquery("picked")
+        )
+        no_key = sa.cast(sa.null(), t.c.key.type)
+        no_count = sa.cast(sa.null(), sa.Integer())
+        return sa.union_all(
+            sa.select(picked.c.id, no_key.label("last_key"), no_count.label("visited")),
+            sa.select(
+                sa.cast(sa.null(), sa.BigInteger()),
+                sa.func.max(keys.c.key),
+                sa.func.count(),
+            ).select_from(keys),
+        )
+
+    def key_window(
+        self, conn: Connection, *, limit: int, run_length: int
+    ) -> sa.ColumnElement[bool] | None:
+        """Ordered claims: ``id IN (...)`` over the first ``run_length`` pending rows of some keys.
+
+        Without it the head-of-key check runs once per pending row, so a claim
+        over a deep backlog of few keys reads the whole backlog. The keys are
+        visited round-robin from a cursor kept between claims, at most
+        :data:`MAX_KEYS_PER_CLAIM` at a time, so no key waits behind the
+        others however many there are. Pending rows without a key come in up
+        to ``limit``. These are plain reads: the claim's own checks decide.
+        Returns None when nothing is pending.
+        """
+        t = self.table
+        # Twice the batch: keys whose head is in flight elsewhere yield nothing.
+        count = min(2 * limit, MAX_KEYS_PER_CLAIM)
+        ids, cursor, visited = self._scan_runs(conn, self._key_cursor, count, run_length, limit)
+        if visited < count and self._key_cursor is not None:
+            # Past the last key: go round from the first.
+            more, cursor, seen = self._scan_runs(conn, None, count - visited, run_length, limit)
+            ids += more
+            visited += seen
+        self._key_cursor = cursor if visited >= count else None
+        unkeyed = (
+            sa.select(t.c.id)
+            .where(t.c.state == int(State.PENDING), t.c.key.is_(None))
+            .order_by(t.c.id)
+            .limit(limit)
+        )
+        ids += [int(i) for i in conn.execute(unkeyed).scalars()]
+        if not ids:
+            return None
+        return t.c.id.in_(sorted(set(ids))[:limit])
+
+    def _scan_runs(
+        self, conn: Connection, after: str | None, count: int, run_length: int, limit: int
+    ) -> tuple[list[int], str | None, int]:
+        # Built once per shape (building costs more than running it); the
+        # cursor is a bound parameter.
+        shape = (after is None, count, run_length, limit)
+        stmt = self._scans.get(shape)
+        if stmt is None:
+            if len(self._scans) > 256:  # wrap-arounds make odd counts
+                self._scans.clear()
+            stmt = self.run_scan(after=after, count=count, run_length=run_length, limit=limit)
+            self._scans[shape] = stmt
+        ids: list[int] = []
+        last: str | None = None
+        visited = 0
+        params = {} if after is None else {"after": after}
+        for row_id, last_key, seen in conn.execute(stmt, params):
+            if row_id is not None:
+                ids.append(int(row_id))
+            else:
+                last, visited = last_key, int(seen or 0)
+        return ids, last, visited
 
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """Lock the rows a claim picks, skipping rows other claims hold.
@@ -187,44 +396,51 @@ class Dialect(ABC):
     ) -> list[Event]:
         """Ordered mode with runs: per key, up to ``run_length`` consecutive due events.
 
-        Three statements in one transaction:
+        In one transaction:
 
-        1. lock candidates (pending, due, at most ``run_length - 1`` pending
-           rows before them in their key, and no earlier leased, dead or
-           not-yet-due row of their key), skipping rows other claims hold;
-        2. a plain read of the keys' unsent rows: a key's locked rows count
-           only as far as they are the key's first unsent rows. A row skipped
-           because another claim holds it ends the run there;
-        3. lease what remains. The dropped rows' locks go at commit.
+        1. :meth:`key_window` picks the keys to look at and their runs' ends;
+        2. lock candidates among them (pending, due, no earlier leased, dead
+           or not-yet-due row of their key), skipping rows other claims hold;
+        3. a plain read of the keys' unsent rows: a key's locked rows count
+           only as far as they are the key's first unsent rows, and at most
+           ``run_length`` of them. A row skipped because another claim holds
+           it ends the run there;
+        4. lease what remains. The dropped rows' locks go at commit.
         """
         t = self.table
         p = t.alias("p")
-        blocked = [int(State.LEASED)] + ([int(State.DEAD)] if self.block_on_dead else [])
-        earlier_blocked = sa.exists().where(
-            p.c.key == t.c.key,
-            p.c.id < t.c.id,
-            sa.or_(
-                p.c.state.in_(blocked),
-                sa.and_(p.c.state == int(State.PENDING), p.c.available_at > self.now()),
+        blocked = [State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
+        # One EXISTS per state, as in head_of_key: a single index range each.
+        earlier_blocked = sa.or_(
+            *(
+                sa.exists().where(p.c.state == int(s), p.c.key == t.c.key, p.c.id < t.c.id)
+                for s in blocked
+            ),
+            sa.exists().where(
+                p.c.state == int(State.PENDING),
+                p.c.key == t.c.key,
+                p.c.id < t.c.id,
+                p.c.available_at > self.now(),
             ),
         )
-        ahead = (
-            sa.select(sa.func.count())
-            .where(p.c.key == t.c.key, p.c.state == int(State.PENDING), p.c.id < t.c.id)
-            .scalar_subquery()
-        )
-        candidates = self.lock_rows(
-            sa.select(*self.claim_columns(t))
-            .where(
-                *self.claimable(t),
-                sa.or_(t.c.key.is_(None), sa.and_(~earlier_blocked, ahead < run_length)),
-            )
-            .order_by(t.c.id)
-            .limit(limit)
-        )
         with self.transaction(conn):
+            window = self.key_window(conn, limit=limit, run_length=run_length)
+            if window is None:
+                return []
+            candidates = self.lock_rows(
+                sa.select(*self.claim_columns(t))
+                .where(*self.claimable(t), window, sa.or_(t.c.key.is_(None), ~earlier_blocked))
+                .order_by(t.c.id)
+                .limit(limit)
+            )
             rows = conn.execute(candidates).all()
             valid = self.run_prefixes(conn, rows)
+            runs: dict[str, int] = {}
+            for r in rows:
+                if r[3] is not None and int(r[0]) in valid:
+                    runs[r[3]] = runs.get(r[3], 0) + 1
+                    if runs[r[3]] > run_length:  # rows reaped back since the window was read
+                        valid.discard(int(r[0]))
             if not valid:
                 return []
             conn.execute(
@@ -249,6 +465,8 @@ class Dialect(ABC):
         unsent = [int(State.PENDING), int(State.LEASED)]
         if self.block_on_dead:
             unsent.append(int(State.DEAD))
+        # One bound for all keys keeps the read a plain range scan everywhere
+        # (an OR of per-key ranges makes MariaDB scan the table).
         top = max(int(r[0]) for r in rows)
         order = conn.execute(
             sa.select(t.c.id, t.c.key)

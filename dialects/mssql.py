@@ -31,6 +31,7 @@ class MssqlDialect(Dialect):
 
     name: ClassVar[str] = "mssql"
     max_batch: ClassVar[int] = 1000
+    group_key_scan: ClassVar[bool] = True
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``SYSUTCDATETIME()``."""
@@ -59,13 +60,21 @@ class MssqlDialect(Dialect):
         """``WITH (ROWLOCK, UPDLOCK, READPAST)`` on the outbox table (not on the ``p`` alias)."""
         return select.with_hint(self.table, CLAIM_HINT, "mssql")
 
-    def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
+    def claim_statement(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        window: sa.ColumnElement[bool] | None = None,
+    ) -> sa.Update:
         """The claim: an updatable CTE read with ``READPAST``, leased with ``OUTPUT``."""
         t = self.table
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]
         picked = self.lock_rows(
             sa.select(*cols)
-            .where(*self.claim_filter(t, ordered))
+            .where(*self.claim_filter(t, ordered, window))
             .order_by(t.c.id)
             .limit(min(limit, self.max_batch))
         ).cte("c")
@@ -83,9 +92,15 @@ class MssqlDialect(Dialect):
     def claim(
         self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
     ) -> list[Event]:
-        """Lease up to ``limit`` rows in one statement."""
-        stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
-        return self.claim_returning(conn, stmt, token)
+        """Lease up to ``limit`` rows in one statement (after the key scan in ordered mode)."""
+        with self.transaction(conn):
+            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            if ordered and window is None:
+                return []
+            stmt = self.claim_statement(
+                limit=limit, lease=lease, token=token, ordered=ordered, window=window
+            )
+            return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... SELECT ... WHERE NOT EXISTS (... WITH (UPDLOCK, HOLDLOCK) ...)``.

@@ -41,6 +41,7 @@ class MysqlDialect(Dialect):
 
     name: ClassVar[str] = "mysql"
     isolation_level: ClassVar[str] = "READ COMMITTED"
+    group_key_scan: ClassVar[bool] = True
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session's time zone."""
@@ -70,12 +71,14 @@ class MysqlDialect(Dialect):
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
         return select.with_for_update(skip_locked=True)
 
-    def claim_statement(self, *, limit: int, ordered: bool) -> sa.Select[Any]:
+    def claim_statement(
+        self, *, limit: int, ordered: bool, window: sa.ColumnElement[bool] | None = None
+    ) -> sa.Select[Any]:
         """``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED``: read and lock the rows."""
         t = self.table
         return self.lock_rows(
             sa.select(*self.claim_columns(t))
-            .where(*self.claim_filter(t, ordered))
+            .where(*self.claim_filter(t, ordered, window))
             .order_by(t.c.id)
             .limit(limit)
         )
@@ -92,7 +95,12 @@ class MysqlDialect(Dialect):
         """
         t = self.table
         with self.transaction(conn):
-            rows = conn.execute(self.claim_statement(limit=limit, ordered=ordered)).all()
+            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            if ordered and window is None:
+                return []
+            rows = conn.execute(
+                self.claim_statement(limit=limit, ordered=ordered, window=window)
+            ).all()
             if ordered and rows:
                 heads = self.run_prefixes(conn, rows)
                 seen: set[str] = set()

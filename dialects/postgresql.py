@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dialects.base import Dialect, Listener
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.message import Event, NewEvent
+from outbox_core.message import Event, NewEvent, State
 
 MIN_VERSION = (12,)
 
@@ -90,10 +90,36 @@ class PostgresqlDialect(Dialect):
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
         return select.with_for_update(skip_locked=True)
 
-    def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
+    def run_rows(
+        self, keys: sa.CTE, run_length: int
+    ) -> tuple[sa.FromClause, sa.ColumnElement[int]]:
+        """``visited CROSS JOIN LATERAL (SELECT id ... ORDER BY id LIMIT run_length)``.
+
+        One index range per key whatever the statistics say (a plain join can
+        be planned as a hash join over every pending row of the keys).
+        """
+        r = self.table.alias("r")
+        run = (
+            sa.select(r.c.id)
+            .where(r.c.state == int(State.PENDING), r.c.key == keys.c.key)
+            .order_by(r.c.id)
+            .limit(run_length)
+            .lateral("run")
+        )
+        return keys.join(run, sa.true()), run.c.id
+
+    def claim_statement(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        window: sa.ColumnElement[bool] | None = None,
+    ) -> sa.Update:
         """``WITH c AS MATERIALIZED (SELECT ... SKIP LOCKED) UPDATE ... FROM c RETURNING``."""
         t = self.table
-        pick = sa.select(t.c.id).where(*self.claim_filter(t, ordered)).order_by(t.c.id)
+        pick = sa.select(t.c.id).where(*self.claim_filter(t, ordered, window)).order_by(t.c.id)
         picked = self.lock_rows(pick.limit(limit)).cte("c").prefix_with("MATERIALIZED")
         return (
             sa.update(t)
@@ -105,9 +131,15 @@ class PostgresqlDialect(Dialect):
     def claim(
         self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
     ) -> list[Event]:
-        """Lease up to ``limit`` rows in one statement."""
-        stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
-        return self.claim_returning(conn, stmt, token)
+        """Lease up to ``limit`` rows in one statement (after the key scan in ordered mode)."""
+        with self.transaction(conn):
+            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            if ordered and window is None:
+                return []
+            stmt = self.claim_statement(
+                limit=limit, lease=lease, token=token, ordered=ordered, window=window
+            )
+            return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.

@@ -62,7 +62,15 @@ class SqliteDialect(Dialect):
             conn.commit()
         super().install(conn)
 
-    def claim_statement(self, *, limit: int, lease: float, token: str, ordered: bool) -> sa.Update:
+    def claim_statement(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        window: sa.ColumnElement[bool] | None = None,
+    ) -> sa.Update:
         """``UPDATE ... WHERE id IN (SELECT id ... LIMIT n) RETURNING``.
 
         The IN-subquery form is safe here: the write lock taken by ``BEGIN
@@ -71,7 +79,7 @@ class SqliteDialect(Dialect):
         t = self.table
         picked = (
             sa.select(t.c.id)
-            .where(*self.claim_filter(t, ordered))
+            .where(*self.claim_filter(t, ordered, window))
             .order_by(t.c.id)
             .limit(limit)
             .scalar_subquery()
@@ -86,9 +94,15 @@ class SqliteDialect(Dialect):
     def claim(
         self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
     ) -> list[Event]:
-        """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE``."""
-        stmt = self.claim_statement(limit=limit, lease=lease, token=token, ordered=ordered)
-        return self.claim_returning(conn, stmt, token)
+        """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE`` (after the ordered key scan)."""
+        with self.transaction(conn):
+            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            if ordered and window is None:
+                return []
+            stmt = self.claim_statement(
+                limit=limit, lease=lease, token=token, ordered=ordered, window=window
+            )
+            return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.

@@ -81,9 +81,9 @@ def upgrade() -> None:
         schema=SCHEMA,
         sqlite_autoincrement=True,
     )
-    # Every index leads with state (or key, state): MariaDB locks the rows a claim scans.
+    # Every index leads with state: MariaDB locks the rows a claim scans.
     op.create_index(f"ix_{TABLE}_state_id", TABLE, ["state", "id"], schema=SCHEMA)
-    op.create_index(f"ix_{TABLE}_key_state_id", TABLE, ["key", "state", "id"], schema=SCHEMA)
+    op.create_index(f"ix_{TABLE}_state_key_id", TABLE, ["state", "key", "id"], schema=SCHEMA)
     op.create_index(f"ix_{TABLE}_state_lease", TABLE, ["state", "lease_until"], schema=SCHEMA)
     op.create_index(f"ux_{TABLE}_event_id", TABLE, ["event_id"], unique=True, schema=SCHEMA)
     # The partial index of the claim's hot path, where the database has partial
@@ -115,6 +115,6 @@ def downgrade() -> None:
     op.drop_table(INBOX, schema=SCHEMA)
     if op.get_context().dialect.name in ("postgresql", "sqlite", "mssql"):
         op.drop_index(f"ix_{TABLE}_pending", table_name=TABLE, schema=SCHEMA)
-    for name in ("ux_{}_event_id", "ix_{}_state_lease", "ix_{}_key_state_id", "ix_{}_state_id"):
+    for name in ("ux_{}_event_id", "ix_{}_state_lease", "ix_{}_state_key_id", "ix_{}_state_id"):
         op.drop_index(name.format(TABLE), table_name=TABLE, schema=SCHEMA)
     op.drop_table(TABLE, schema=SCHEMA)

@@ -517,7 +517,8 @@ def _mysql_engines(ctx: _Context) -> Iterable[Finding]:
 #: Why each index of schema.py matters, by its leading columns.
 _INDEX_PURPOSE = {
     ("state", "id"): "claims read pending rows in id order through it",
-    ("key", "state", "id"): "ordered mode's head-of-key check",
+    ("state", "key", "id"): "ordered claims: the walk over keys with pending rows and the "
+    "head-of-key check",
     ("state", "lease_until"): "returning expired leases",
     ("event_id",): "event ids must stay unique",
     ("id",): "a partial index of pending rows keeps the claim's scan small",

@@ -467,6 +467,7 @@ class Relay:
                 if prefetched is not None:
                     self._release_future(db, prefetched)
                 return
+            was_prefetched = prefetched is not None
             try:
                 claim = (prefetched or db.submit(self._claim)).result()
             except DatabaseError as exc:
@@ -480,6 +481,10 @@ class Relay:
             result = CycleResult(claimed=len(claim.events), reaped=claim.reaped)
             if not claim.events:
                 db.submit(self._finish_quietly, result).result()
+                if was_prefetched and self.settings.ordered:
+                    # The prefetch ran while the batch before it was in flight,
+                    # holding its keys' heads: claim again now that it is settled.
+                    continue
                 # Adaptive polling: back off while idle. A wake-up may come just
                 # before the producer's commit is visible: look again shortly.
                 if self._wake.wait(idle):

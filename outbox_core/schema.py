@@ -86,10 +86,12 @@ def _build_outbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Ta
             sa.UnicodeText().with_variant(mssql.NVARCHAR(None), "mssql"),
             nullable=True,
         ),
-        # Every index leads with state (or key, state): MariaDB locks the rows
-        # it scans, so leased and sent rows must fall outside a claim's range.
+        # Every index leads with state: MariaDB locks the rows it scans, so
+        # leased and sent rows must fall outside a claim's range. (state, key,
+        # id) serves ordered claims: a loose scan of the keys with pending rows,
+        # and each key's first rows, without reading sent history.
         sa.Index(f"ix_{name}_state_id", "state", "id"),
-        sa.Index(f"ix_{name}_key_state_id", "key", "state", "id"),
+        sa.Index(f"ix_{name}_state_key_id", "state", "key", "id"),
         sa.Index(f"ix_{name}_state_lease", "state", "lease_until"),
         sa.Index(f"ux_{name}_event_id", "event_id", unique=True),
         schema=schema,

@@ -1,7 +1,9 @@
 """Chaos: relay processes killed with SIGKILL under load, RabbitMQ connections dropped.
 
 Four ``outbox relay --ordered`` processes publish to RabbitMQ while a producer
-commits events over many keys. About every second a random relay is killed
+commits events over many keys; every other relay started claims runs of up to
+``RUN_LENGTH`` events per key (``--run-length``), the others heads only, so
+both claim paths run against each other. About every second a random relay is killed
 with SIGKILL and started again; once, mid-run, RabbitMQ closes every client
 connection (``rabbitmqctl close_all_connections``). A consumer (manual acks,
 reconnecting) logs what arrives. Then:
@@ -39,6 +41,7 @@ from tests.contract.broker_fixtures import RabbitState
 EVENTS = int(os.environ.get("OUTBOX_CHAOS_EVENTS", "20000"))
 KEYS = int(os.environ.get("OUTBOX_CHAOS_KEYS", "200"))
 RELAYS = 4
+RUN_LENGTH = 5
 PER_TRANSACTION = 20
 
 
@@ -94,7 +97,8 @@ class Relays:
     def _start(self) -> subprocess.Popen[bytes]:
         self.started += 1
         log = open(self.logs / f"relay-{self.started}.log", "wb")  # noqa: SIM115 - child owns it
-        return subprocess.Popen(self.args, env=self.env, stdout=log, stderr=log)
+        runs = ["--run-length", str(RUN_LENGTH)] if self.started % 2 == 0 else []
+        return subprocess.Popen(self.args + runs, env=self.env, stdout=log, stderr=log)
 
     def kill_one(self, rng: random.Random) -> None:
         index = rng.randrange(len(self.procs))

@@ -519,3 +519,33 @@ def test_ordered_run_never_skips_a_head_another_claim_holds(backend: str, outbox
         d.mark_sent(a, [rows(outbox)[0].id], token="a", delete=False)
         taken = d.claim_runs(b, limit=10, lease=LEASE, token="b2", run_length=3)
         assert [e.event_id for e in taken] == k[1:]
+
+
+def test_ordered_claims_visit_every_key_in_turn(outbox: Outbox) -> None:
+    # Six keys with three events each, two keys per claim: without the
+    # round-robin cursor the first keys' later events would take every claim.
+    keys = [f"k{i}" for i in range(6)]
+    with outbox.engine.begin() as conn:
+        for _ in range(3):
+            for key in keys:
+                outbox.enqueue(conn, "t", {}, key=key)
+    served: list[str] = []
+    with connection(outbox) as conn:
+        for n in range(3):
+            events = claim(outbox, conn, f"c{n}", ordered=True, limit=2)
+            assert len(events) == 2
+            served += [str(e.key) for e in events]
+            outbox.dialect.mark_sent(conn, [e.id for e in events], token=f"c{n}", delete=False)
+    assert sorted(served) == keys
+
+
+def test_ordered_claim_reaches_a_key_behind_a_deep_backlog(outbox: Outbox) -> None:
+    deep = enqueue_many(outbox, 60, key="a")
+    (late,) = enqueue_many(outbox, 1, key="b")
+    d = outbox.dialect
+    with connection(outbox) as conn:
+        heads = claim(outbox, conn, "h", ordered=True, limit=5)
+        assert sorted(e.event_id for e in heads) == sorted([deep[0], late])
+        d.mark_sent(conn, [e.id for e in heads], token="h", delete=False)
+        runs = d.claim_runs(conn, limit=10, lease=LEASE, token="r", run_length=3)
+        assert [e.event_id for e in runs] == deep[1:4]

@@ -48,11 +48,13 @@ def _broken(dialect: Dialect, **overrides: object) -> Dialect:
 
 
 def test_finds_missing_head_of_key_check(backend: str, machine_outbox: Outbox) -> None:
-    # Both guards off: the head-of-key subquery and the plain re-read MySQL adds.
+    # Every guard off: the head-of-key subquery, the plain re-read MySQL adds,
+    # and the key walk that offers only heads of unblocked keys.
     broken = _broken(
         machine_outbox.dialect,
         head_of_key=lambda self, o: sa.true(),
         run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows},
+        key_window=lambda self, conn, **kw: sa.true(),
     )
     machine = machine_for(machine_outbox, backend, ordered=True, dialect=broken)
     with pytest.raises(AssertionError, match=r"unsent|first delivered after|run of .* too long"):

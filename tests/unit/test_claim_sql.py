@@ -32,7 +32,7 @@ def test_postgresql_claim_uses_a_materialized_cte_with_skip_locked(ordered: bool
     assert "RETURNING" in sql
     # Never the IN (SELECT ... LIMIT ... SKIP LOCKED) form the planner may re-run.
     assert not re.search(r"IN \(SELECT", sql)
-    assert ("NOT (EXISTS" in sql) is ordered
+    assert ("NOT ((EXISTS" in sql) is ordered
 
 
 @pytest.mark.parametrize("ordered", [False, True])
@@ -45,7 +45,7 @@ def test_mysql_claim_selects_for_update_skip_locked(ordered: bool) -> None:
     if ordered:
         # The head-of-key subquery is a plain read: exactly one locking clause.
         assert sql.count("FOR UPDATE") == 1
-        assert "NOT (EXISTS (SELECT" in sql
+        assert "NOT ((EXISTS (SELECT" in sql
 
 
 @pytest.mark.parametrize("ordered", [False, True])
@@ -81,8 +81,8 @@ def test_sqlite_claim_updates_with_returning() -> None:
     assert "FOR UPDATE" not in sql
 
 
-@pytest.mark.parametrize("block_on_dead, states", [(True, "0, 1, 3"), (False, "0, 1")])
-def test_head_of_key_blocking_states(block_on_dead: bool, states: str) -> None:
+@pytest.mark.parametrize("block_on_dead, states", [(True, (0, 1, 3)), (False, (0, 1))])
+def test_head_of_key_blocking_states(block_on_dead: bool, states: tuple[int, ...]) -> None:
     d = make("postgresql", block_on_dead=block_on_dead)
     t = d.table
     sql = str(
@@ -90,7 +90,8 @@ def test_head_of_key_blocking_states(block_on_dead: bool, states: str) -> None:
         .where(d.head_of_key(t))
         .compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
     )
-    assert f"p.state IN ({states})" in sql
+    # One EXISTS per blocking state: a single (state, key, id) range each.
+    assert tuple(int(x) for x in re.findall(r"p\.state = (\d)", sql)) == states
 
 
 def test_settling_writes_are_fenced_by_the_token() -> None:
@@ -98,3 +99,59 @@ def test_settling_writes_are_fenced_by_the_token() -> None:
     sql = compiled(sa.update(d.table).where(d.owned([1, 2], "tok")), postgresql.dialect())
     assert "outbox.lease_owner = %(lease_owner_1)s" in sql
     assert "outbox.state IN" in sql
+
+
+# -- ordered claims: the walk over keys --------------------------------------------------------
+
+
+def _mssql_2016() -> sa.Dialect:
+    # What the dialect sets once it has seen the server's version (2012+).
+    d = mssql.dialect()
+    d.server_version_info = (13, 0)
+    d._supports_offset_fetch = True  # type: ignore[attr-defined]
+    return d
+
+
+@pytest.mark.parametrize(
+    "name, dialect, walk",
+    [
+        ("postgresql", postgresql.dialect(), "WITH RECURSIVE key_walk"),
+        ("sqlite", sqlite.dialect(), "WITH RECURSIVE key_walk"),
+        ("mysql", mysql.dialect(), "GROUP BY p.state, p.`key` ORDER BY p.state, p.`key`"),
+        ("mssql", _mssql_2016(), "GROUP BY p.state, p.[key] ORDER BY p.state, p.[key]"),
+    ],
+)
+def test_ordered_claims_walk_the_keys_not_the_backlog(
+    name: str, dialect: sa.Dialect, walk: str
+) -> None:
+    d = make(name)
+    sql = compiled(d.run_scan(after="k7", count=500, run_length=10, limit=500), dialect)
+    assert walk in sql
+    # Every probe reads pending rows of one key through (state, key, id).
+    assert "state = " in sql and "ROW_NUMBER" not in sql
+    if name == "postgresql":
+        assert "JOIN LATERAL (SELECT r.id" in sql  # one bounded index range per key
+    if name == "mssql":
+        assert "FETCH FIRST" in sql
+
+
+@pytest.mark.parametrize("name", ["postgresql", "mysql", "sqlite", "mssql"])
+def test_run_length_one_takes_the_heads_without_a_join(name: str) -> None:
+    d = make(name)
+    sql = compiled(d.run_scan(after=None, count=5, run_length=1, limit=5), _dialect(name))
+    assert " JOIN " not in sql
+
+
+def _dialect(name: str) -> sa.Dialect:
+    return {
+        "postgresql": postgresql.dialect(),
+        "mysql": mysql.dialect(),
+        "sqlite": sqlite.dialect(),
+        "mssql": _mssql_2016(),
+    }[name]
+
+
+def test_the_ordered_index_leads_with_state_then_key() -> None:
+    t = OutboxTables.create().outbox
+    columns = {str(ix.name): [c.name for c in ix.columns] for ix in t.indexes}
+    assert columns["ix_outbox_state_key_id"] == ["state", "key", "id"]
