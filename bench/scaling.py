@@ -3,7 +3,10 @@
 Each round prefills N events, starts k ``outbox relay`` processes (broker:
 ``python://sink:publish``, which accepts everything) and times the drain. While
 they run, ``pg_stat_activity`` is sampled every 20 ms for relay sessions waiting
-on a lock: SKIP LOCKED means there should be none.
+on a lock: SKIP LOCKED means there should be none. The steady rate is taken
+between 10% and 90% of the events sent, so the relays' start-up (importing
+Python takes a core-second each) does not count; the overall rate includes it.
+The relays' CPU time shows where the two cores went.
 
     python bench/scaling.py --events 100000 --relays 1,2,4
 """
@@ -12,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -35,10 +40,19 @@ ACTIVITY = sa.table(
 )
 
 
-def drain(
-    url: str, outbox: Outbox, relays: int, total: int, batch: int
-) -> tuple[float, dict[str, int], int]:
-    """(events/s, lock waits seen by kind, samples)."""
+@dataclass
+class Round:
+    """One drain: rates, lock waits and the relays' CPU."""
+
+    overall: float  # events/s from start to the last event, process start-up included
+    steady: float  # events/s between 10% and 90% sent
+    waits: dict[str, int]
+    samples: int
+    relay_cpu: float  # CPU seconds of all relay processes
+
+
+def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Round:
+    """Drain ``total`` events with ``relays`` processes, sampling lock waits."""
     t = outbox.table
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'bench'}{os.pathsep}{ROOT}", OUTBOX_NOTIFY="false")
     app = f"outbox-bench-{uuid.uuid4().hex[:6]}"
@@ -53,7 +67,9 @@ def drain(
         subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(relays)
     ]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
+    marks: dict[float, float] = {}  # fraction sent -> when first seen
     waits: dict[str, int] = {}
     samples = 0
     sent_query = sa.select(sa.func.count()).where(t.c.state == int(State.SENT))
@@ -68,18 +84,25 @@ def drain(
                 waits[kind] = waits.get(kind, 0) + 1
             conn.commit()
             now = time.perf_counter()
-            if now - last_check > 0.25:
+            if now - last_check > 0.1:
                 last_check = now
-                if conn.execute(sent_query).scalar_one() >= total:
-                    break
+                sent = conn.execute(sent_query).scalar_one()
                 conn.commit()
+                for fraction in (0.1, 0.9):
+                    if sent >= fraction * total:
+                        marks.setdefault(fraction, now)
+                if sent >= total:
+                    break
             time.sleep(0.02)
     elapsed = time.perf_counter() - started
     for proc in procs:
         proc.terminate()
     for proc in procs:
         proc.wait(30)
-    return total / elapsed, waits, samples
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    steady = 0.8 * total / max(marks[0.9] - marks[0.1], 1e-6)
+    return Round(total / elapsed, steady, waits, samples, cpu)
 
 
 def main() -> None:
@@ -97,11 +120,15 @@ def main() -> None:
             with outbox.engine.begin() as conn:
                 conn.execute(sa.delete(outbox.table))
             bulk_prefill(outbox, args.events)
-            rate, waits, samples = drain(args.db, outbox, k, args.events, args.batch)
+            r = drain(args.db, outbox, k, args.events, args.batch)
             # "tuple" / "transactionid" would be one relay waiting on another's
             # rows; "extend" is the table growing (not a relay-vs-relay wait).
-            kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(waits.items())) or "none"
-            print(f"relays {k}: {rate:8.0f} events/s   lock waits in {samples} samples: {kinds}")
+            kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(r.waits.items())) or "none"
+            print(
+                f"relays {k}: steady {r.steady:8.0f} events/s (10%-90% sent), "
+                f"overall {r.overall:8.0f} events/s with start-up; "
+                f"relay CPU {r.relay_cpu:5.1f} s; lock waits in {r.samples} samples: {kinds}"
+            )
     finally:
         outbox.tables.metadata.drop_all(outbox.engine)
         outbox.dispose()

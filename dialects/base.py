@@ -62,6 +62,9 @@ class Dialect(ABC):
     #: index scan; SQL Server's recursive CTEs allow no subqueries) instead of
     #: a recursive CTE.
     group_key_scan: ClassVar[bool] = False
+    #: The clock is the application's (``now()`` is a bound value, not SQL):
+    #: a prepared enqueue binds it per call.
+    app_clock: ClassVar[bool] = False
     #: Largest claim batch the dialect accepts.
     max_batch: ClassVar[int] = 10_000
 
@@ -73,6 +76,7 @@ class Dialect(ABC):
         # hint shared by the relays of this process, so races are harmless.
         self._key_cursor: str | None = None
         self._scans: dict[tuple[bool, int, int, int], sa.CompoundSelect[Any]] = {}
+        self._prepared: dict[tuple[bool, bool], sa.Executable] = {}
 
     # -- clock ---------------------------------------------------------------
 
@@ -127,21 +131,83 @@ class Dialect(ABC):
     def insert_statement(self, event: NewEvent) -> Insert:
         """The ``INSERT`` that enqueues ``event`` inside the caller's transaction."""
         now = self.now()
-        return sa.insert(self.table).values(
-            event_id=event.event_id,
-            topic=event.topic,
-            key=event.key,
-            payload=event.payload,
-            headers=event.headers,
-            state=int(State.PENDING),
-            attempts=0,
-            available_at=self.after(event.delay_seconds) if event.delay_seconds else now,
-            created_at=now,
+        return (
+            sa.insert(self.table)
+            .inline()
+            .values(
+                event_id=event.event_id,
+                topic=event.topic,
+                key=event.key,
+                payload=event.payload,
+                headers=event.headers,
+                state=int(State.PENDING),
+                attempts=0,
+                available_at=self.after(event.delay_seconds) if event.delay_seconds else now,
+                created_at=now,
+            )
         )
 
     def enqueue_statement(self, event: NewEvent, *, notify: bool) -> sa.Executable:
         """The statement ``enqueue`` runs: the insert, plus the wake-up where one exists."""
-        return self.insert_statement(event)
+        return self.with_wake_up(self.insert_statement(event), notify=notify)
+
+    def with_wake_up(self, insert: Insert, *, notify: bool) -> sa.Executable:
+        """Fold the wake-up into an enqueue ``INSERT`` where the database has one (PostgreSQL)."""
+        return insert
+
+    def prepared_insert(self, *, headers: bool) -> Insert:
+        """The ``INSERT`` of an undelayed event with its values as bound parameters.
+
+        Parameters are named ``o_<column>`` (see :meth:`enqueue_call`). Without
+        ``headers`` the column is a literal SQL NULL, as ``insert_statement``
+        stores it.
+        """
+        t = self.table
+        now = sa.bindparam("o_now", type_=sa.DateTime()) if self.app_clock else self.now()
+        # inline(): no implicit RETURNING id, which enqueue never reads.
+        return (
+            sa.insert(t)
+            .inline()
+            .values(
+                event_id=sa.bindparam("o_event_id", type_=t.c.event_id.type),
+                topic=sa.bindparam("o_topic", type_=t.c.topic.type),
+                key=sa.bindparam("o_key", type_=t.c.key.type),
+                payload=sa.bindparam("o_payload", type_=t.c.payload.type),
+                headers=sa.bindparam("o_headers", type_=t.c.headers.type) if headers else None,
+                state=int(State.PENDING),
+                attempts=0,
+                available_at=now,
+                created_at=now,
+            )
+        )
+
+    def enqueue_call(
+        self, event: NewEvent, *, notify: bool
+    ) -> tuple[sa.Executable, dict[str, Any]]:
+        """What ``enqueue`` executes for ``event``: a statement and its parameters.
+
+        Undelayed events (nearly all) reuse a statement built once: building a
+        fresh one per event, and computing its cache key, cost more than the
+        database's own work on the insert (``bench/producer_overhead.py``).
+        """
+        if event.delay_seconds:
+            return self.enqueue_statement(event, notify=notify), {}
+        shape = (notify, event.headers is not None)
+        stmt = self._prepared.get(shape)
+        if stmt is None:
+            insert = self.prepared_insert(headers=event.headers is not None)
+            stmt = self._prepared[shape] = self.with_wake_up(insert, notify=notify)
+        params: dict[str, Any] = {
+            "o_event_id": event.event_id,
+            "o_topic": event.topic,
+            "o_key": event.key,
+            "o_payload": event.payload,
+        }
+        if event.headers is not None:
+            params["o_headers"] = event.headers
+        if self.app_clock:
+            params["o_now"] = self.utcnow()
+        return stmt, params
 
     # -- wake-ups -------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dialects.base import Dialect, Listener
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.message import Event, NewEvent, State
+from outbox_core.message import Event, State
 
 MIN_VERSION = (12,)
 
@@ -75,11 +75,11 @@ class PostgresqlDialect(Dialect):
         """
         return sa.select(sa.func.pg_notify(self.notify_channel(), ""))
 
-    def enqueue_statement(self, event: NewEvent, *, notify: bool) -> sa.Executable:
+    def with_wake_up(self, insert: sa.Insert, *, notify: bool) -> sa.Executable:
         """One round trip: ``WITH i AS (INSERT ... RETURNING id) SELECT pg_notify(...) FROM i``."""
         if not notify:
-            return self.insert_statement(event)
-        inserted = self.insert_statement(event).returning(self.table.c.id).cte("i")
+            return insert
+        inserted = insert.returning(self.table.c.id).cte("i")
         return sa.select(sa.func.pg_notify(self.notify_channel(), "")).select_from(inserted)
 
     def listener(self, engine: Engine) -> Listener | None:

@@ -28,6 +28,7 @@ class SqliteDialect(Dialect):
 
     name: ClassVar[str] = "sqlite"
     row_locks: ClassVar[bool] = False
+    app_clock: ClassVar[bool] = True
 
     def now(self) -> sa.ColumnElement[datetime]:
         """The application's UTC clock, bound as a parameter."""

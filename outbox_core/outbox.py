@@ -226,7 +226,8 @@ class Outbox:
         first = _first_in_transaction(bind, self)
         # The first event of a transaction also carries the wake-up (NOTIFY), in
         # the same statement: no extra round trip.
-        conn.execute(self.dialect.enqueue_statement(event, notify=self.notify and first))
+        stmt, params = self.dialect.enqueue_call(event, notify=self.notify and first)
+        conn.execute(stmt, params)
         if first and self._local_relays:
             _wake_after_commit(bind, self._local_relays)
         return event.event_id
@@ -252,7 +253,8 @@ class Outbox:
         headers = tracing.with_trace_context(headers)
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
         # PostgreSQL folds repeated notifications of one transaction into one.
-        await conn.execute(self.dialect.enqueue_statement(event, notify=self.notify))
+        stmt, params = self.dialect.enqueue_call(event, notify=self.notify)
+        await conn.execute(stmt, params)
         return event.event_id
 
     # -- relay -----------------------------------------------------------------------------
