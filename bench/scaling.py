@@ -49,6 +49,18 @@ class Round:
     waits: dict[str, int]
     samples: int
     relay_cpu: float  # CPU seconds of all relay processes
+    busy: float | None  # the machine's CPU busy fraction during the drain (Linux)
+
+
+def cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat; None where there is none."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    values = [float(v) for v in fields]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
 
 
 def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Round:
@@ -68,6 +80,7 @@ def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Roun
         for _ in range(relays)
     ]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    machine_before = cpu_times()
     started = time.perf_counter()
     marks: dict[float, float] = {}  # fraction sent -> when first seen
     waits: dict[str, int] = {}
@@ -95,6 +108,12 @@ def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Roun
                     break
             time.sleep(0.02)
     elapsed = time.perf_counter() - started
+    machine_after = cpu_times()
+    busy = None
+    if machine_before and machine_after:
+        busy = (machine_after[0] - machine_before[0]) / max(
+            machine_after[1] - machine_before[1], 1.0
+        )
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -102,7 +121,7 @@ def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Roun
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     steady = 0.8 * total / max(marks[0.9] - marks[0.1], 1e-6)
-    return Round(total / elapsed, steady, waits, samples, cpu)
+    return Round(total / elapsed, steady, waits, samples, cpu, busy)
 
 
 def main() -> None:
@@ -127,7 +146,9 @@ def main() -> None:
             print(
                 f"relays {k}: steady {r.steady:8.0f} events/s (10%-90% sent), "
                 f"overall {r.overall:8.0f} events/s with start-up; "
-                f"relay CPU {r.relay_cpu:5.1f} s; lock waits in {r.samples} samples: {kinds}"
+                f"relay CPU {r.relay_cpu:5.1f} s, machine CPU busy "
+                f"{'n/a' if r.busy is None else f'{r.busy:.0%}'} of {os.cpu_count()} cores; "
+                f"lock waits in {r.samples} samples: {kinds}"
             )
     finally:
         outbox.tables.metadata.drop_all(outbox.engine)
