@@ -3,7 +3,10 @@
 Prints, in one run and with the same batch size:
 
 1. raw: pika alone publishing persistent messages to the same exchange, a
-   batch at a time, waiting for the batch's publisher confirms (no database);
+   batch at a time, waiting for the batch's publisher confirms (no database),
+   twice: with the properties the relay sends (a message id, type, timestamp
+   and the key and attempt headers, built per message: the ceiling the ratio
+   uses) and with one shared minimal property set (for reference);
 2. relay: events prefilled in the outbox table, drained by one relay to
    RabbitMQ (claim -> publish with confirms -> mark sent), until all are sent;
 3. the ratio relay / raw (target >= 0.7).
@@ -18,6 +21,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -28,11 +32,33 @@ from pika.adapters.select_connection import IOLoop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import run_until_sent
-from brokers.rabbitmq import RabbitMQBroker
+from brokers.rabbitmq import ATTEMPT_HEADER, KEY_HEADER, RabbitMQBroker
 from outbox_core import Outbox
 
 
-def raw_confirmed_rate(url: str, exchange: str, total: int, batch: int, body: bytes) -> float:
+def same_properties(i: int) -> pika.BasicProperties:
+    """What the relay's broker sends with an event (see RabbitMQBroker.build_message)."""
+    return pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=2,
+        message_id=str(uuid.uuid4()),
+        type="bench.relay",
+        timestamp=int(time.time()),
+        headers={KEY_HEADER: f"k{i % 100}", ATTEMPT_HEADER: 1},
+    )
+
+
+MINIMAL = pika.BasicProperties(delivery_mode=2, content_type="application/json")
+
+
+def raw_confirmed_rate(
+    url: str,
+    exchange: str,
+    total: int,
+    batch: int,
+    body: bytes,
+    properties: Callable[[int], pika.BasicProperties],
+) -> float:
     """Messages/s for pika publishing ``batch`` messages, then waiting for their confirms."""
     state = {"pending": 0, "channel": None}
     loop = IOLoop()
@@ -60,13 +86,12 @@ def raw_confirmed_rate(url: str, exchange: str, total: int, batch: int, body: by
     state["acked"] = 0
     loop.start()  # until confirm mode is on
     channel = state["channel"]
-    props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
     started = time.perf_counter()
     sent = 0
     while sent < total:
         n = min(batch, total - sent)
-        for _ in range(n):
-            channel.basic_publish(exchange, "bench.raw", body, props)  # type: ignore[union-attr]
+        for i in range(sent, sent + n):
+            channel.basic_publish(exchange, "bench.raw", body, properties(i))  # type: ignore[union-attr]
         state["pending"] = n
         sent += n
         loop.start()  # until the batch is confirmed
@@ -108,11 +133,18 @@ def main() -> None:
     outbox = Outbox(args.db, table=f"bench_{suffix}")
     outbox.install()
     body = b'{"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}'
-    raws, relays = [], []
+    raws, minimals, relays = [], [], []
     try:
         for round_ in range(1, args.rounds + 1):
-            raw = raw_confirmed_rate(args.amqp, exchange, args.events, args.batch, body)
+            raw = raw_confirmed_rate(
+                args.amqp, exchange, args.events, args.batch, body, same_properties
+            )
             channel.queue_purge(queue)
+            minimal = raw_confirmed_rate(
+                args.amqp, exchange, args.events, args.batch, body, lambda _i: MINIMAL
+            )
+            channel.queue_purge(queue)
+            minimals.append(minimal)
             prefill(outbox, args.events)
             rate = relay_rate(outbox, args.amqp, exchange, args.events, args.batch)
             channel.queue_purge(queue)
@@ -121,8 +153,8 @@ def main() -> None:
             raws.append(raw)
             relays.append(rate)
             print(
-                f"round {round_}: raw {raw:8.0f} msg/s   relay {rate:8.0f} events/s"
-                f"   ratio {rate / raw:.2f}"
+                f"round {round_}: raw {raw:8.0f} msg/s (minimal properties {minimal:8.0f})"
+                f"   relay {rate:8.0f} events/s   ratio {rate / raw:.2f}"
             )
     finally:
         outbox.tables.metadata.drop_all(outbox.engine)
@@ -132,7 +164,11 @@ def main() -> None:
     raw, rate = statistics.median(raws), statistics.median(relays)
     ratio = statistics.median(r / w for r, w in zip(relays, raws, strict=True))
     print(f"database: {outbox.dialect.name}, events: {args.events}, batch: {args.batch}")
-    print(f"raw pika confirmed publish (median): {raw:8.0f} msg/s")
+    print(f"raw pika confirmed publish, the relay's properties (median): {raw:8.0f} msg/s")
+    print(
+        "raw pika confirmed publish, minimal shared properties (median): "
+        f"{statistics.median(minimals):8.0f} msg/s"
+    )
     print(f"relay PostgreSQL -> RabbitMQ (median): {rate:8.0f} events/s")
     print(f"ratio relay/raw (median of rounds): {ratio:.2f} (target >= 0.70)")
 

@@ -84,7 +84,11 @@ def json_bytes(value: Any) -> bytes:
 
     NaN and infinity are refused (they are not JSON).
     """
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _COMPACT.encode(value).encode()
+
+
+# One encoder for every message: json.dumps with options builds a new one per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def check_source(source: object) -> str:

@@ -424,7 +424,7 @@ class Dialect(ABC):
         ids += [int(i) for i in conn.execute(unkeyed).scalars()]
         if not ids:
             return None
-        return t.c.id.in_(sorted(set(ids))[:limit])
+        return self.id_in(sorted(set(ids))[:limit])
 
     def _scan_runs(
         self, conn: Connection, after: str | None, count: int, run_length: int, limit: int
@@ -511,7 +511,7 @@ class Dialect(ABC):
                 return []
             conn.execute(
                 sa.update(t)
-                .where(t.c.id.in_(sorted(valid)), t.c.state == int(State.PENDING))
+                .where(self.id_in(sorted(valid)), t.c.state == int(State.PENDING))
                 .values(self.lease_values(lease=lease, token=token))
             )
         # The rows were read before the UPDATE counted this attempt.
@@ -609,6 +609,10 @@ class Dialect(ABC):
 
     # -- settle (all fenced by the claim token) ------------------------------
 
+    def id_in(self, ids: Sequence[int]) -> sa.ColumnElement[bool]:
+        """``id IN (...)``; PostgreSQL overrides it with one array parameter."""
+        return self.table.c.id.in_(list(ids))
+
     def owned(self, ids: Sequence[int], token: str) -> sa.ColumnElement[bool]:
         """Rows among ``ids`` still held by ``token``.
 
@@ -618,7 +622,7 @@ class Dialect(ABC):
         """
         t = self.table
         return sa.and_(
-            t.c.id.in_(list(ids)),
+            self.id_in(ids),
             t.c.lease_owner == token,
             t.c.state.in_([int(s) for s in _ACTIVE]),
         )
@@ -734,7 +738,7 @@ class Dialect(ABC):
             ids = list(conn.execute(pick).scalars())
             if not ids:
                 return 0
-            stmt = sa.delete(t).where(t.c.id.in_(ids), t.c.state == int(State.SENT))
+            stmt = sa.delete(t).where(self.id_in(ids), t.c.state == int(State.SENT))
             return conn.execute(stmt).rowcount
 
     def replay(
@@ -749,7 +753,7 @@ class Dialect(ABC):
         t = self.table
         where: list[sa.ColumnElement[bool]] = [t.c.state == int(State.DEAD)]
         if ids is not None:
-            where.append(t.c.id.in_(list(ids)))
+            where.append(self.id_in(ids))
         if topic is not None:
             where.append(t.c.topic == topic)
         if key is not None:

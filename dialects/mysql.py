@@ -116,7 +116,7 @@ class MysqlDialect(Dialect):
             ids = [r[0] for r in rows]
             conn.execute(
                 sa.update(t)
-                .where(t.c.id.in_(ids))
+                .where(self.id_in(ids))
                 .values(self.lease_values(lease=lease, token=token))
             )
         # The rows were read before the UPDATE counted this attempt.

@@ -8,10 +8,12 @@ may run that subquery more than once and lease more than ``limit`` rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from dialects.base import Dialect, Listener
@@ -89,6 +91,17 @@ class PostgresqlDialect(Dialect):
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
         return select.with_for_update(skip_locked=True)
+
+    def id_in(self, ids: Sequence[int]) -> sa.ColumnElement[bool]:
+        """``id = ANY(%(ids)s::BIGINT[])``: one parameter however many ids.
+
+        With ``IN (...)`` every batch size is a different statement text, which
+        the driver parses anew (a few ms for 500 ids) on the relay's threads.
+        """
+        ids_param = sa.bindparam(
+            "ids", list(ids), type_=postgresql.ARRAY(sa.BigInteger()), unique=True
+        )
+        return self.table.c.id == sa.any_(ids_param)
 
     def run_rows(
         self, keys: sa.CTE, run_length: int

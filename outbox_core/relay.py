@@ -132,7 +132,11 @@ class Relay:
             cap=settings.backoff_cap,
         )
         self.batch_size = min(settings.batch_size, dialect.max_batch)
-        self._conn: Connection | None = None
+        # One connection per thread: run()'s claim and settle threads work in
+        # parallel on their own; run_once() uses the caller's thread's.
+        self._local = threading.local()
+        self._conns: list[Connection] = []
+        self._conns_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._signals = 0
@@ -152,20 +156,32 @@ class Relay:
 
     @property
     def conn(self) -> Connection:
-        """The relay's own connection, opened on first use and after a failure."""
-        if self._conn is None or self._conn.closed or self._conn.invalidated:
+        """This thread's connection of the relay, opened on first use and after a failure."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
             self._drop_connection()
             with translate_errors("connect"):
-                self._conn = self.dialect.connect(self.engine)
-        return self._conn
+                conn = self.dialect.connect(self.engine)
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except sa.exc.SQLAlchemyError:
-                log.debug("closing a broken connection failed", exc_info=True)
-            self._conn = None
+        """Close this thread's connection (after a failure: the next use reconnects)."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            self._close(conn)
+
+    def _close(self, conn: Connection) -> None:
+        with self._conns_lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        try:
+            conn.close()
+        except sa.exc.SQLAlchemyError:
+            log.debug("closing a broken connection failed", exc_info=True)
 
     def new_token(self) -> str:
         """A fresh lease token (at most 64 characters: the ``lease_owner`` column)."""
@@ -441,8 +457,11 @@ class Relay:
             listener = threading.Thread(target=self._listen, name="outbox-listen", daemon=True)
             listener.start()
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="outbox-db") as db:
-                self._pipeline(db)
+            with (
+                ThreadPoolExecutor(1, thread_name_prefix="outbox-db") as db,
+                ThreadPoolExecutor(1, thread_name_prefix="outbox-settle") as settler,
+            ):
+                self._pipeline(db, settler)
         finally:
             self._stop.set()
             if listener is not None:
@@ -452,22 +471,32 @@ class Relay:
             self.close()
             log.info("relay %s stopped", self.name)
 
-    def _pipeline(self, db: ThreadPoolExecutor) -> None:
-        """The loop of ``run()``: every database call runs on ``db`` (one connection).
+    def _pipeline(self, db: ThreadPoolExecutor, settler: ThreadPoolExecutor) -> None:
+        """The loop of ``run()``: claims run on ``db``, settles on ``settler``.
 
         After a full batch the next claim is submitted before publishing, so
-        claiming batch N+1 and settling batch N overlap with publishing; the
-        single database thread keeps claim and settle statements in order.
+        claiming batch N+1 and settling batch N-1 overlap with publishing
+        batch N, each on its own connection. At most one settle is
+        outstanding; in ordered mode a claim waits for it, so it sees the
+        heads that settle freed.
         """
         idle = self.settings.poll_interval
         error_backoff = 0.5
         prefetched: Future[_Claim] | None = None
+        settling: Future[None] | None = None
+
+        def settled() -> None:
+            if settling is not None:
+                settling.result()
+
         while True:
             if self._stop.is_set():
                 if prefetched is not None:
                     self._release_future(db, prefetched)
                 return
             was_prefetched = prefetched is not None
+            if not was_prefetched and self.settings.ordered:
+                settled()
             try:
                 claim = (prefetched or db.submit(self._claim)).result()
             except DatabaseError as exc:
@@ -505,7 +534,8 @@ class Relay:
                 if prefetched is not None:
                     self._release_future(db, prefetched)
                 raise
-            db.submit(self._settle_quietly, claim, outcomes, result)
+            settled()  # the settle before this one: at most one outstanding
+            settling = settler.submit(self._settle_quietly, claim, outcomes, result)
 
     def _listen(self) -> None:
         """Wake the relay on the database's notifications (PostgreSQL LISTEN)."""
@@ -560,8 +590,12 @@ class Relay:
             log.error("%s", exc)
 
     def close(self) -> None:
-        """Close the relay's connection and its broker."""
-        self._drop_connection()
+        """Close the relay's connections and its broker."""
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn in conns:
+            self._close(conn)
+        self._local = threading.local()
         try:
             self.broker.close()
         except Exception:

@@ -69,3 +69,32 @@ def test_send_span_is_linked_to_the_enqueue_and_propagated(
     assert failed.status.status_code is StatusCode.ERROR
     untraced = next(s for s in sends if s.attributes["messaging.outbox.topic"] == "untraced")
     assert untraced.links == ()
+
+
+def test_without_a_tracer_provider_no_spans_are_built(
+    monkeypatch: pytest.MonkeyPatch, spans: InMemorySpanExporter
+) -> None:
+    from datetime import UTC, datetime
+
+    from outbox_core.message import Event
+    from outbox_core.tracing import SendTracer, tracing_configured
+
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    assert not tracing_configured()
+    stored = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    event = Event(
+        id=1,
+        event_id="e1",
+        topic="t",
+        key=None,
+        payload={},
+        headers={"traceparent": stored},
+        attempts=1,
+        created_at=datetime.now(UTC),
+        token="tok",
+    )
+    sent, finish = SendTracer("rabbitmq", "orders").start([event])
+    finish([Outcome.ok()])
+    # Published as enqueued: the consumer continues the producer's trace.
+    assert sent == [event]
+    assert spans.get_finished_spans() == ()
