@@ -141,6 +141,13 @@ FEATURES: tuple[Feature, ...] = (
         "test_ordered_relays_deliver_each_key_in_order",
     ),
     _f(
+        "ordered-key-walk",
+        "ordered: keys visited in turn; a key behind a deep backlog is reached",
+        CONTRACT,
+        "test_ordered_claims_visit_every_key_in_turn",
+        "test_ordered_claim_reaches_a_key_behind_a_deep_backlog",
+    ),
+    _f(
         "ordered-open-claim",
         "ordered: head in an open claim blocks its key (row locks)",
         CONTRACT,
