@@ -38,6 +38,8 @@ _ACTIVE = (State.PENDING, State.LEASED)
 MAX_KEYS_PER_CLAIM = 500
 #: Run end of a key with fewer pending rows than the run length: no end.
 NO_END = 2**62
+#: Most walks over keys one ordered claim makes when every key it meets is blocked.
+MAX_WALKS = 8
 
 
 class Listener(Protocol):
@@ -163,7 +165,7 @@ class Dialect(ABC):
         stores it.
         """
         t = self.table
-        now = sa.bindparam("o_now", type_=sa.DateTime()) if self.app_clock else self.now()
+        now = self.clock()
         # inline(): no implicit RETURNING id, which enqueue never reads.
         return (
             sa.insert(t)
@@ -205,8 +207,7 @@ class Dialect(ABC):
         }
         if event.headers is not None:
             params["o_headers"] = event.headers
-        if self.app_clock:
-            params["o_now"] = self.utcnow()
+        params.update(self.clock_params())
         return stmt, params
 
     # -- wake-ups -------------------------------------------------------------
@@ -353,20 +354,21 @@ class Dialect(ABC):
     ) -> sa.CompoundSelect[Any]:
         """The first ``limit`` ids, in id order, of the runs of the keys :meth:`key_scan` visits.
 
-        Keys whose first pending row has an earlier leased (or, with
-        ``block_on_dead``, dead) row are left out: they have nothing to claim.
-        Rows ``(id, NULL, NULL)``, then one row ``(NULL, last key visited,
-        keys visited)``: the cursor for the next claim.
+        Keys with nothing to claim are left out: their first pending row is
+        not due yet, or has an earlier leased (or, with ``block_on_dead``,
+        dead) row. Rows ``(id, NULL, NULL)``, then one row ``(NULL, last key
+        visited, keys visited)``: the cursor for the next claim.
         """
         t = self.table
         keys = self.key_scan(after=after, count=count, run_length=run_length).cte("visited")
-        p = t.alias("b")
+        b = t.alias("b")
         blocking = [State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
         blocked = sa.or_(
             *(
-                sa.exists().where(p.c.state == int(s), p.c.key == keys.c.key, p.c.id < keys.c.head)
+                sa.exists().where(b.c.state == int(s), b.c.key == keys.c.key, b.c.id < keys.c.head)
                 for s in blocking
-            )
+            ),
+            sa.exists().where(b.c.id == keys.c.head, b.c.available_at > self.clock()),
         )
         if run_length == 1:
             source: sa.FromClause = keys
@@ -381,16 +383,24 @@ class Dialect(ABC):
             .limit(limit)
             .subquery("picked")
         )
-        no_key = sa.cast(sa.null(), t.c.key.type)
-        no_count = sa.cast(sa.null(), sa.Integer())
+        # Bare NULLs: every database types them from the other branch (a CAST
+        # would bring the connection's collation into MySQL's UNION).
         return sa.union_all(
-            sa.select(picked.c.id, no_key.label("last_key"), no_count.label("visited")),
-            sa.select(
-                sa.cast(sa.null(), sa.BigInteger()),
-                sa.func.max(keys.c.key),
-                sa.func.count(),
-            ).select_from(keys),
+            sa.select(picked.c.id, sa.null().label("last_key"), sa.null().label("visited")),
+            sa.select(sa.null(), sa.func.max(keys.c.key), sa.func.count()).select_from(keys),
         )
+
+    def clock(self) -> sa.ColumnElement[datetime]:
+        """:meth:`now` for statements built once and run many times.
+
+        The application's clock (SQLite) is a bound parameter, ``o_now``,
+        passed at each execution (see :meth:`clock_params`).
+        """
+        return sa.bindparam("o_now", type_=sa.DateTime()) if self.app_clock else self.now()
+
+    def clock_params(self) -> dict[str, Any]:
+        """The parameters :meth:`clock` needs at execution."""
+        return {"o_now": self.utcnow()} if self.app_clock else {}
 
     def key_window(
         self, conn: Connection, *, limit: int, run_length: int
@@ -399,25 +409,39 @@ class Dialect(ABC):
 
         Without it the head-of-key check runs once per pending row, so a claim
         over a deep backlog of few keys reads the whole backlog. The keys are
-        visited round-robin from a cursor kept between claims, at most
-        :data:`MAX_KEYS_PER_CLAIM` at a time, so no key waits behind the
-        others however many there are. Pending rows without a key come in up
-        to ``limit``. These are plain reads: the claim's own checks decide.
-        Returns None when nothing is pending.
+        visited round-robin from a cursor kept between claims,
+        :data:`MAX_KEYS_PER_CLAIM` at most per walk, so no key waits behind
+        the others however many there are; when every key of a walk is
+        blocked the next walk follows at once (up to :data:`MAX_WALKS`).
+        These are plain reads: the claim's own checks decide. Due rows
+        without a key come in up to ``limit``, locked here (SKIP LOCKED) so
+        concurrent relays take different ones. Returns None when nothing is
+        claimable.
         """
         t = self.table
         # Twice the batch: keys whose head is in flight elsewhere yield nothing.
         count = min(2 * limit, MAX_KEYS_PER_CLAIM)
-        ids, cursor, visited = self._scan_runs(conn, self._key_cursor, count, run_length, limit)
-        if visited < count and self._key_cursor is not None:
-            # Past the last key: go round from the first.
-            more, cursor, seen = self._scan_runs(conn, None, count - visited, run_length, limit)
-            ids += more
-            visited += seen
-        self._key_cursor = cursor if visited >= count else None
-        unkeyed = (
+        after = self._key_cursor
+        wrapped = after is None
+        ids: list[int] = []
+        for _ in range(MAX_WALKS):
+            found, last, visited = self._scan_runs(conn, after, count, run_length, limit)
+            ids += found
+            if visited < count:  # past the last key
+                after = None
+                if wrapped:
+                    break
+                wrapped = True  # go round from the first key
+                if found:
+                    break
+                continue
+            after = last
+            if found:
+                break
+        self._key_cursor = after
+        unkeyed = self.lock_rows(
             sa.select(t.c.id)
-            .where(t.c.state == int(State.PENDING), t.c.key.is_(None))
+            .where(*self.claimable(t), t.c.key.is_(None))
             .order_by(t.c.id)
             .limit(limit)
         )
@@ -430,18 +454,18 @@ class Dialect(ABC):
         self, conn: Connection, after: str | None, count: int, run_length: int, limit: int
     ) -> tuple[list[int], str | None, int]:
         # Built once per shape (building costs more than running it); the
-        # cursor is a bound parameter.
+        # cursor and the application's clock are bound parameters.
         shape = (after is None, count, run_length, limit)
         stmt = self._scans.get(shape)
         if stmt is None:
-            if len(self._scans) > 256:  # wrap-arounds make odd counts
-                self._scans.clear()
             stmt = self.run_scan(after=after, count=count, run_length=run_length, limit=limit)
             self._scans[shape] = stmt
         ids: list[int] = []
         last: str | None = None
         visited = 0
-        params = {} if after is None else {"after": after}
+        params = self.clock_params()
+        if after is not None:
+            params["after"] = after
         for row_id, last_key, seen in conn.execute(stmt, params):
             if row_id is not None:
                 ids.append(int(row_id))

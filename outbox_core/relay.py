@@ -137,6 +137,9 @@ class Relay:
         self._local = threading.local()
         self._conns: list[Connection] = []
         self._conns_lock = threading.Lock()
+        # run() finishes cycles on its claim and settle threads: cleanup and
+        # the observers see one cycle at a time.
+        self._finish_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._signals = 0
@@ -374,7 +377,11 @@ class Relay:
         )
 
     def _finish(self, result: CycleResult) -> CycleResult:
-        """Clean up when due and report the cycle."""
+        """Clean up when due and report the cycle (one thread at a time)."""
+        with self._finish_lock:
+            return self._finish_locked(result)
+
+    def _finish_locked(self, result: CycleResult) -> CycleResult:
         if self._cleanup.ready(time.monotonic()):
             try:
                 result = dataclasses.replace(result, cleaned=self.cleanup())
@@ -487,7 +494,7 @@ class Relay:
 
         def settled() -> None:
             if settling is not None:
-                settling.result()
+                settling.result()  # _settle_quietly never raises
 
         while True:
             if self._stop.is_set():
@@ -534,8 +541,12 @@ class Relay:
                 if prefetched is not None:
                     self._release_future(db, prefetched)
                 raise
-            settled()  # the settle before this one: at most one outstanding
+            # Submit before waiting on the previous settle: an interrupt while
+            # waiting still leaves this batch queued (the executor drains it).
+            previous = settling
             settling = settler.submit(self._settle_quietly, claim, outcomes, result)
+            if previous is not None:
+                previous.result()  # at most one settle queued behind the running one
 
     def _listen(self) -> None:
         """Wake the relay on the database's notifications (PostgreSQL LISTEN)."""
@@ -572,7 +583,11 @@ class Relay:
     def _settle_quietly(
         self, claim: _Claim, outcomes: Sequence[Outcome | None], result: CycleResult
     ) -> None:
-        """Settle on the database thread; a failure leaves the leases to expire."""
+        """Settle on the settle thread; a failure leaves the leases to expire.
+
+        Never raises: the loop has moved on to the next batch, and an error
+        here (the database, an observer) must not stop it or go unlogged.
+        """
         try:
             self._finish(self._settle(claim, outcomes, result))
         except DatabaseError as exc:
@@ -582,6 +597,8 @@ class Relay:
                 exc,
                 len(claim.events),
             )
+        except Exception:
+            log.exception("settling %d published events failed", len(claim.events))
 
     def _finish_quietly(self, result: CycleResult) -> None:
         try:

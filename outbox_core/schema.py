@@ -158,8 +158,16 @@ class OutboxTables:
         return cls(md, outbox, inbox)
 
     def create_all(self, bind: sa.Connection | sa.Engine) -> None:
-        """Create both tables and their indexes if they are missing."""
+        """Create both tables and their indexes if they are missing.
+
+        Indexes are checked one by one, so ``outbox install`` also adds an
+        index a newer version introduced to tables created before it.
+        """
         self.metadata.create_all(bind, tables=[self.outbox, self.inbox], checkfirst=True)
+        for table in (self.outbox, self.inbox):
+            for index in sorted(table.indexes, key=lambda i: str(i.name)):
+                # ddl_if (the partial pending index) is honoured by create().
+                index.create(bind, checkfirst=True)
 
     def ddl(self, dialect_name: str) -> str:
         """Return the DDL ``create_all`` would run on ``dialect_name``, without connecting."""

@@ -549,3 +549,38 @@ def test_ordered_claim_reaches_a_key_behind_a_deep_backlog(outbox: Outbox) -> No
         d.mark_sent(conn, [e.id for e in heads], token="h", delete=False)
         runs = d.claim_runs(conn, limit=10, lease=LEASE, token="r", run_length=3)
         assert [e.event_id for e in runs] == deep[1:4]
+
+
+def test_ordered_claim_is_not_crowded_out_by_events_not_yet_due(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        for i in range(5):
+            outbox.enqueue(conn, "t", {"i": i}, delay=3600)  # keyless, due in an hour
+            outbox.enqueue(conn, "t", {"i": i}, key="later", delay=3600)
+        due = outbox.enqueue(conn, "t", {}, key="now")
+    with connection(outbox) as conn:
+        assert [e.event_id for e in claim(outbox, conn, "c", ordered=True, limit=5)] == [due]
+
+
+def test_ordered_claim_walks_past_keys_that_are_all_blocked(outbox: Outbox) -> None:
+    # limit=1 walks two keys at a time: the first four keys' heads are leased,
+    # the claim keeps walking instead of coming back empty.
+    blocked = [f"a{i}" for i in range(4)]
+    with outbox.engine.begin() as conn:
+        for key in blocked:
+            outbox.enqueue(conn, "t", {}, key=key)
+            outbox.enqueue(conn, "t", {}, key=key)
+        free = outbox.enqueue(conn, "t", {}, key="z")
+    d = outbox.dialect
+    with connection(outbox) as conn:
+        heads = d.claim(conn, limit=4, lease=LEASE, token="h", ordered=True)
+        assert sorted(str(e.key) for e in heads) == blocked
+        assert [e.event_id for e in claim(outbox, conn, "c", ordered=True, limit=1)] == [free]
+
+
+def test_install_adds_an_index_missing_from_an_older_table(outbox: Outbox) -> None:
+    name = f"ix_{outbox.table.name}_state_key_id"
+    with outbox.engine.begin() as conn:
+        sa.Index(name, outbox.table.c.state).drop(conn)
+    outbox.install()
+    indexes = {ix["name"] for ix in sa.inspect(outbox.engine).get_indexes(outbox.table.name)}
+    assert name in indexes

@@ -40,6 +40,10 @@ def test_guarantees_hold(
 # -- the suite can fail: deliberately broken strategies ------------------------------------
 
 FIND_BUG = settings(max_examples=300, stateful_step_count=40, phases=[Phase.generate])
+# The held-head bug needs a longer sequence (a key with several events, a claim
+# of its head held open, another relay claiming runs meanwhile): a larger budget,
+# spent only when the search has not found it yet.
+FIND_RARE_BUG = settings(max_examples=1500, stateful_step_count=40, phases=[Phase.generate])
 
 
 def _broken(dialect: Dialect, **overrides: object) -> Dialect:
@@ -66,12 +70,17 @@ def test_finds_runs_that_skip_a_held_head(backend: str, machine_outbox: Outbox) 
         pytest.skip("SQLite claims are serial: no run can skip a held head")
     # Without the prefix check, a row another claim holds is skipped and the
     # rest of its key's run is leased ahead of it.
+    # The key walk always starts at the first key (no round-robin cursor), so
+    # the claims keep meeting the key whose head is held: the search finds
+    # the overtaking run within its budget instead of by luck.
     broken = _broken(
-        machine_outbox.dialect, run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows}
+        machine_outbox.dialect,
+        run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows},
+        _key_cursor=property(lambda self: None, lambda self, value: None),
     )
     machine = machine_for(machine_outbox, backend, ordered=True, dialect=broken, run_length=3)
     with pytest.raises(AssertionError, match=r"unsent|first delivered after|run of .* too long"):
-        run_state_machine_as_test(machine, settings=FIND_BUG)
+        run_state_machine_as_test(machine, settings=FIND_RARE_BUG)
 
 
 def test_finds_claims_without_skip_locked(backend: str, machine_outbox: Outbox) -> None:
