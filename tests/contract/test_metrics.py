@@ -74,9 +74,12 @@ def test_metrics_and_health_of_a_running_relay(outbox: Outbox, db_url: str, tmp_
         while time.monotonic() < deadline:
             try:
                 text = scrape(base + "/metrics")
-                # The table gauges are cached for 5 s: wait for a fresh reading too.
+                # The table gauges are cached for 5 s: wait for a reading taken
+                # after the batch was settled (one taken between claim and
+                # settle already shows 1 pending, but no dead event yet).
                 published = 'outbox_events_published_total{topic="order.created"} 7.0' in text
-                if published and "outbox_pending_events 1.0" in text:
+                fresh = "outbox_pending_events 1.0" in text and "outbox_dead_events 1.0" in text
+                if published and fresh:
                     break
             except (urllib.error.URLError, ConnectionError):
                 pass
