@@ -483,9 +483,9 @@ class Relay:
 
         After a full batch the next claim is submitted before publishing, so
         claiming batch N+1 and settling batch N-1 overlap with publishing
-        batch N, each on its own connection. At most one settle is
-        outstanding; in ordered mode a claim waits for it, so it sees the
-        heads that settle freed.
+        batch N, each on its own connection. At most one settle waits behind
+        the running one; in ordered mode a claim first waits for the last
+        settle, so it sees the heads that settle freed.
         """
         idle = self.settings.poll_interval
         error_backoff = 0.5
