@@ -130,39 +130,16 @@ class Dialect(ABC):
 
     # -- enqueue --------------------------------------------------------------
 
-    def insert_statement(self, event: NewEvent) -> Insert:
-        """The ``INSERT`` that enqueues ``event`` inside the caller's transaction."""
-        now = self.now()
-        return (
-            sa.insert(self.table)
-            .inline()
-            .values(
-                event_id=event.event_id,
-                topic=event.topic,
-                key=event.key,
-                payload=event.payload,
-                headers=event.headers,
-                state=int(State.PENDING),
-                attempts=0,
-                available_at=self.after(event.delay_seconds) if event.delay_seconds else now,
-                created_at=now,
-            )
-        )
-
-    def enqueue_statement(self, event: NewEvent, *, notify: bool) -> sa.Executable:
-        """The statement ``enqueue`` runs: the insert, plus the wake-up where one exists."""
-        return self.with_wake_up(self.insert_statement(event), notify=notify)
-
     def with_wake_up(self, insert: Insert, *, notify: bool) -> sa.Executable:
         """Fold the wake-up into an enqueue ``INSERT`` where the database has one (PostgreSQL)."""
         return insert
 
-    def prepared_insert(self, *, headers: bool) -> Insert:
-        """The ``INSERT`` of an undelayed event with its values as bound parameters.
+    def prepared_insert(self, *, headers: bool, delay: float = 0.0) -> Insert:
+        """The enqueue ``INSERT``, its event's values as bound parameters.
 
         Parameters are named ``o_<column>`` (see :meth:`enqueue_call`). Without
-        ``headers`` the column is a literal SQL NULL, as ``insert_statement``
-        stores it.
+        ``headers`` the column is NULL. A ``delay`` goes into the statement
+        (``available_at`` from the database clock).
         """
         t = self.table
         now = self.clock()
@@ -178,7 +155,7 @@ class Dialect(ABC):
                 headers=sa.bindparam("o_headers", type_=t.c.headers.type) if headers else None,
                 state=int(State.PENDING),
                 attempts=0,
-                available_at=now,
+                available_at=self.after(delay) if delay else now,
                 created_at=now,
             )
         )
@@ -191,21 +168,25 @@ class Dialect(ABC):
         Undelayed events (nearly all) reuse a statement built once: building a
         fresh one per event, and computing its cache key, cost more than the
         database's own work on the insert (``bench/producer_overhead.py``).
+        A delayed event's statement carries its delay and is built per call.
         """
+        headers = event.headers is not None
         if event.delay_seconds:
-            return self.enqueue_statement(event, notify=notify), {}
-        shape = (notify, event.headers is not None)
-        stmt = self._prepared.get(shape)
-        if stmt is None:
-            insert = self.prepared_insert(headers=event.headers is not None)
-            stmt = self._prepared[shape] = self.with_wake_up(insert, notify=notify)
+            insert = self.prepared_insert(headers=headers, delay=event.delay_seconds)
+            stmt = self.with_wake_up(insert, notify=notify)
+        else:
+            cached = self._prepared.get((notify, headers))
+            if cached is None:
+                insert = self.prepared_insert(headers=headers)
+                cached = self._prepared[notify, headers] = self.with_wake_up(insert, notify=notify)
+            stmt = cached
         params: dict[str, Any] = {
             "o_event_id": event.event_id,
             "o_topic": event.topic,
             "o_key": event.key,
             "o_payload": event.payload,
         }
-        if event.headers is not None:
+        if headers:
             params["o_headers"] = event.headers
         params.update(self.clock_params())
         return stmt, params
