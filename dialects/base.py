@@ -839,6 +839,40 @@ REGISTRY: dict[str, str] = {
 }
 
 
+class ReturningDialect(Dialect):
+    """A dialect whose claim leases and returns its rows in one statement.
+
+    PostgreSQL (``UPDATE ... RETURNING``), SQLite (``RETURNING`` inside
+    ``BEGIN IMMEDIATE``) and SQL Server (``OUTPUT``) each build that statement
+    in :meth:`claim_statement`; MySQL, without ``RETURNING``, claims in its own way.
+    """
+
+    @abstractmethod
+    def claim_statement(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        window: sa.ColumnElement[bool] | None = None,
+    ) -> sa.Executable:
+        """Pick up to ``limit`` rows (skipping rows other claims hold), lease and return them."""
+
+    def claim(
+        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+    ) -> list[Event]:
+        """Lease up to ``limit`` rows in one statement (after the key walk in ordered mode)."""
+        with self.transaction(conn):
+            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            if ordered and window is None:
+                return []
+            stmt = self.claim_statement(
+                limit=limit, lease=lease, token=token, ordered=ordered, window=window
+            )
+            return self.claim_returning(conn, stmt, token)
+
+
 def known_dialects() -> list[str]:
     """The names accepted by :func:`get_dialect`."""
     return sorted(REGISTRY)

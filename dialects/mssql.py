@@ -17,16 +17,15 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import Dialect
+from dialects.base import ReturningDialect
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.message import Event
 
 MIN_VERSION = (13,)  # SQL Server 2016
 CLAIM_HINT = "WITH (ROWLOCK, UPDLOCK, READPAST)"
 _MAX_MS = 2**31 - 1
 
 
-class MssqlDialect(Dialect):
+class MssqlDialect(ReturningDialect):
     """SQL Server strategy: ``READPAST`` CTE updated in place with ``OUTPUT``."""
 
     name: ClassVar[str] = "mssql"
@@ -88,19 +87,6 @@ class MssqlDialect(Dialect):
             .returning(*returned)
             .add_cte(picked)
         )
-
-    def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> list[Event]:
-        """Lease up to ``limit`` rows in one statement (after the key scan in ordered mode)."""
-        with self.transaction(conn):
-            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
-            if ordered and window is None:
-                return []
-            stmt = self.claim_statement(
-                limit=limit, lease=lease, token=token, ordered=ordered, window=window
-            )
-            return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... SELECT ... WHERE NOT EXISTS (... WITH (UPDLOCK, HOLDLOCK) ...)``.

@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
-from dialects.base import Dialect, Listener
+from dialects.base import Listener, ReturningDialect
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.message import Event, State
+from outbox_core.message import State
 
 MIN_VERSION = (12,)
 
@@ -47,7 +47,7 @@ class PgListener:
         self._raw.invalidate()
 
 
-class PostgresqlDialect(Dialect):
+class PostgresqlDialect(ReturningDialect):
     """PostgreSQL strategy: ``FOR UPDATE SKIP LOCKED`` in a materialized CTE."""
 
     name: ClassVar[str] = "postgresql"
@@ -140,19 +140,6 @@ class PostgresqlDialect(Dialect):
             .values(self.lease_values(lease=lease, token=token))
             .returning(*self.claim_columns(t))
         )
-
-    def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> list[Event]:
-        """Lease up to ``limit`` rows in one statement (after the key scan in ordered mode)."""
-        with self.transaction(conn):
-            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
-            if ordered and window is None:
-                return []
-            stmt = self.claim_statement(
-                limit=limit, lease=lease, token=token, ordered=ordered, window=window
-            )
-            return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.

@@ -16,14 +16,13 @@ from typing import ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import Dialect
+from dialects.base import ReturningDialect
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.message import Event
 
 MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
 
 
-class SqliteDialect(Dialect):
+class SqliteDialect(ReturningDialect):
     """SQLite strategy: one immediate write transaction per claim, leases only."""
 
     name: ClassVar[str] = "sqlite"
@@ -91,19 +90,6 @@ class SqliteDialect(Dialect):
             .values(self.lease_values(lease=lease, token=token))
             .returning(*self.claim_columns(t))
         )
-
-    def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
-    ) -> list[Event]:
-        """Lease up to ``limit`` rows inside ``BEGIN IMMEDIATE`` (after the ordered key scan)."""
-        with self.transaction(conn):
-            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
-            if ordered and window is None:
-                return []
-            stmt = self.claim_statement(
-                limit=limit, lease=lease, token=token, ordered=ordered, window=window
-            )
-            return self.claim_returning(conn, stmt, token)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... ON CONFLICT (consumer, event_id) DO NOTHING``.
