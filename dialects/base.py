@@ -33,8 +33,8 @@ MAX_ERROR = 2000
 
 _ACTIVE = (State.PENDING, State.LEASED)
 
-#: Most keys one ordered claim looks at: two bound parameters each, which keeps
-#: the statement inside SQL Server's 2100 parameters and SQLite's expression depth.
+#: Most keys one walk of an ordered claim visits (it visits twice the batch,
+#: up to this): bounds the walk's work per claim however many keys there are.
 MAX_KEYS_PER_CLAIM = 500
 #: Run end of a key with fewer pending rows than the run length: no end.
 NO_END = 2**62
