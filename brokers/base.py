@@ -3,8 +3,12 @@
 A broker publishes a batch as a batch and returns one
 :class:`~outbox_core.message.Outcome` per event, in the same order. It never
 reports ``ok`` before the broker has taken responsibility for the message
-(publisher confirm, 2xx). Transient trouble is ``retry``; a message the broker
-will never accept is ``reject``.
+(publisher confirm, 2xx). Trouble with one event is ``retry`` (transient) or
+``reject`` (the broker will never accept it); trouble with the broker itself
+(cannot connect, login refused, connection lost, a whole batch unconfirmed)
+is ``unavailable``: the relay gives those events back without spending an
+attempt, stops claiming, and calls :meth:`Broker.probe` with backoff until
+the broker answers (DESIGN.md section 1a).
 """
 
 from __future__ import annotations
@@ -27,8 +31,18 @@ class Broker(ABC):
         """Publish ``events``; return one outcome per event, in order.
 
         Must not raise for per-event or connection trouble: report ``retry``
-        for every event not confirmed instead.
+        or ``reject`` for an event the broker refused, and ``unavailable`` for
+        every event not confirmed because the broker could not be reached.
         """
+
+    def probe(self) -> str | None:
+        """Check that the broker answers; ``None`` when it does, else the reason.
+
+        The relay calls it while the broker is down (after an ``unavailable``
+        outcome) and resumes claiming once it returns ``None``. It must not
+        publish anything. The default says "up": a broker with no server.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most brokers need it
         """Release connections; the broker is not used afterwards."""

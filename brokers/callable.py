@@ -4,7 +4,11 @@ The function receives the batch (a sequence of
 :class:`~outbox_core.message.Event`) and either returns ``None`` (all
 delivered), or a sequence of :class:`~outbox_core.message.Outcome` (one per
 event), or raises. An exception marks the whole batch ``retry``, except
-:class:`PermanentError`, which marks it ``reject``.
+:class:`PermanentError`, which marks it ``reject``, and :class:`ConnectionError`
+(the builtin, parent of ``ConnectionRefusedError`` and friends), which marks
+it ``unavailable``: an outage that spends no attempt. Such a broker has no
+probe of its own, so after an outage the relay's backoff lets one batch
+through at a time as the probe.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class CallableBroker(Broker):
             result = self.function(events)
         except PermanentError as exc:
             return [Outcome.reject(f"{type(exc).__name__}: {exc}")] * len(events)
+        except ConnectionError as exc:  # the function's broker is down: an outage
+            return [Outcome.unavailable(f"{type(exc).__name__}: {exc}")] * len(events)
         except Exception as exc:
             return [Outcome.retry(f"{type(exc).__name__}: {exc}")] * len(events)
         if result is None:

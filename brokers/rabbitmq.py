@@ -26,11 +26,15 @@ connection closed) or a ``call_later`` deadline fires. The calls used:
   and ``add_on_connection_blocked_callback``: what ends a batch early.
 
 Outcomes: confirmed -> ``ok``; returned (unroutable) -> ``reject`` (or
-``retry`` with ``unroutable="retry"``); nacked -> ``retry``; not confirmed
-when the channel or connection is lost or ``confirm_timeout`` passes ->
-``retry``, and the connection is dropped and reopened for the next batch,
-with exponential backoff while the broker stays unreachable.
-:meth:`RabbitMQBroker.publish` never raises for broker trouble.
+``retry`` with ``unroutable="retry"``); nacked -> ``retry``; the channel
+closed by the server while publishing (a message it refused) -> ``retry`` for
+what was not confirmed. Connection-level trouble is ``unavailable``, which
+spends no attempt: cannot connect, login refused, the exchange missing, a
+resource alarm blocking the connection, the connection lost, or
+``confirm_timeout`` passing with messages unconfirmed. The connection is then
+dropped and reopened for the next batch, with exponential backoff while the
+broker stays unreachable; :meth:`RabbitMQBroker.probe` reconnects without
+publishing. :meth:`RabbitMQBroker.publish` never raises for broker trouble.
 
 Heartbeats: between batches the I/O loop does not run. Before each batch the
 broker processes whatever arrived meanwhile, so a connection the server closed
@@ -135,7 +139,15 @@ class _Unavailable(Exception):
 class _Batch:
     """Book-keeping of one batch while its confirms come in."""
 
-    __slots__ = ("by_message_id", "lost", "low", "outcomes", "pending", "returned")
+    __slots__ = (
+        "by_message_id",
+        "lost",
+        "lost_by_event",
+        "low",
+        "outcomes",
+        "pending",
+        "returned",
+    )
 
     def __init__(self, size: int) -> None:
         self.outcomes: list[Outcome | None] = [None] * size
@@ -149,6 +161,8 @@ class _Batch:
         self.by_message_id: dict[str, deque[int]] = {}
         #: why the batch cannot complete (channel or connection lost)
         self.lost: str | None = None
+        #: the server closed the channel over a message (not an outage)
+        self.lost_by_event = False
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -419,19 +433,10 @@ class RabbitMQBroker(Broker):
             return []
         with self._lock:
             if self._closed:
-                return [Outcome.retry("RabbitMQ broker is closed")] * len(events)
-            try:
-                self._ensure_channel()
-            except _Unavailable as exc:
-                return [Outcome.retry(exc.message, retry_after=exc.retry_after)] * len(events)
-            except Exception as exc:  # defensive: publish never raises for broker trouble
-                log.exception("preparing the RabbitMQ channel failed")
-                self._teardown()
-                error = f"RabbitMQ unavailable: {_describe(exc)}"
-                return [Outcome.retry(error)] * len(events)
-            if self._blocked:
-                error = "RabbitMQ blocked publishing on this connection (memory or disk alarm)"
-                return [Outcome.retry(error)] * len(events)
+                return [Outcome.unavailable("RabbitMQ broker is closed")] * len(events)
+            down = self._open()
+            if down is not None:
+                return [Outcome.unavailable(down)] * len(events)
             batch = _Batch(len(events))
             self._batch = batch
             try:
@@ -447,7 +452,32 @@ class RabbitMQBroker(Broker):
                 self._batch = None
             return self._settle(batch)
 
+    def probe(self) -> str | None:
+        """Connect (or check the open connection) without publishing; None when up."""
+        with self._lock:
+            if self._closed:
+                return "RabbitMQ broker is closed"
+            self._retry_at = 0.0  # the relay paces its probes: connect now
+            return self._open()
+
+    def _open(self) -> str | None:
+        """Make the channel ready; None, or why RabbitMQ cannot take messages now."""
+        try:
+            self._ensure_channel()
+        except _Unavailable as exc:
+            return exc.message
+        except Exception as exc:  # defensive: publish never raises for broker trouble
+            log.exception("preparing the RabbitMQ channel failed")
+            self._teardown()
+            return f"RabbitMQ unavailable: {_describe(exc)}"
+        if self._blocked:
+            return "RabbitMQ blocked publishing on this connection (memory or disk alarm)"
+        return None
+
     def _settle(self, batch: _Batch) -> list[Outcome]:
+        # A channel the server closed over a message is that batch's failure
+        # (retry, spending attempts); anything else unconfirmed is an outage.
+        unconfirmed = Outcome.retry if batch.lost_by_event else Outcome.unavailable
         if batch.pending:
             if batch.lost is None:
                 reason = f"no publisher confirm from RabbitMQ within {self.confirm_timeout:g}s"
@@ -456,11 +486,11 @@ class RabbitMQBroker(Broker):
             else:
                 reason = f"not confirmed: {batch.lost}"
             for index in batch.pending.values():
-                batch.outcomes[index] = Outcome.retry(reason)
+                batch.outcomes[index] = unconfirmed(reason)
         unsent = f"not published: {batch.lost or self._down or 'RabbitMQ connection lost'}"
         if batch.lost is not None or self._down is not None:
             self._teardown()
-        return [o if o is not None else Outcome.retry(unsent) for o in batch.outcomes]
+        return [o if o is not None else unconfirmed(unsent) for o in batch.outcomes]
 
     def _send(self, events: Sequence[Event], batch: _Batch) -> None:
         channel = self._channel
@@ -549,6 +579,9 @@ class RabbitMQBroker(Broker):
             # a channel also closes when its connection dies: name the real cause
             closed = isinstance(reason, pika.exceptions.ChannelClosed)
             self._lost(f"{'channel closed' if closed else 'connection lost'}: {_describe(reason)}")
+            batch = self._batch
+            if batch is not None and isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                batch.lost_by_event = True  # e.g. 406 PRECONDITION_FAILED on a message
         self._wake()
 
     def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
@@ -653,8 +686,13 @@ class RabbitMQBroker(Broker):
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             self._retry_at = time.monotonic() + delay
             self._last_error = message
-            log.warning(
-                "RabbitMQ: %s (attempt %d; next attempt in %.1fs)", message, self._failures, delay
+            # Once per outage: the relay reports the outage and its end.
+            log.log(
+                logging.WARNING if self._failures == 1 else logging.DEBUG,
+                "RabbitMQ: %s (attempt %d; next attempt in %.1fs)",
+                message,
+                self._failures,
+                delay,
             )
             raise _Unavailable(message) from None
         if self._failures:

@@ -15,9 +15,14 @@ specification when a ``secret`` (``whsec_<base64>``) is configured:
 
 Receivers check a request with :func:`verify`.
 
-Outcomes: 2xx is ``ok``; 408, 429, 5xx, timeouts and connection errors are
-``retry`` (honouring ``Retry-After``); any other status is ``reject``, with the
-status and the start of the response body as the error.
+Outcomes: 2xx is ``ok``; 408, 429, 5xx and a request that timed out waiting
+for its response are ``retry`` (honouring ``Retry-After``); any other status
+is ``reject``, with the status and the start of the response body as the
+error. Connection-level errors (cannot connect, DNS, TLS, the connection
+dropped before a response, a full pool) are ``unavailable``: the endpoint is
+down, not the event at fault, so the relay spends no attempt and probes the
+endpoint (:meth:`WebhookBroker.probe`: an ``OPTIONS`` request, any status
+counts as up) until it answers.
 
 Options (keyword arguments of :meth:`WebhookBroker.from_url`, strings accepted
 so that ``--broker-option key=value`` works):
@@ -69,6 +74,19 @@ ENVELOPES: Final = ("plain", "cloudevents")
 USER_AGENT: Final = "outbox-toolkit-webhook/1"
 #: Statuses that are worth retrying besides 5xx.
 RETRY_STATUSES: Final = frozenset({408, 425, 429})
+
+#: Errors that say the endpoint cannot be reached at all (an outage): no
+#: connection, DNS, TLS, the connection dropped before any response, a full
+#: pool. A request sent whose response timed out is that request's failure.
+_UNREACHABLE: Final = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
 
 _OPTIONS: Final = frozenset(
     {"concurrency", "timeout", "secret", "envelope", "source", "headers", "verify_tls", "transport"}
@@ -455,7 +473,7 @@ class WebhookBroker(Broker):
             return []
         with self._lock:
             if self._closed:
-                return [Outcome.retry("webhook broker is closed")] * len(events)
+                return [Outcome.unavailable("webhook broker is closed")] * len(events)
             chains = _chains(events)
             outcomes: list[Outcome | None] = [None] * len(events)
             try:
@@ -519,15 +537,28 @@ class WebhookBroker(Broker):
                     bytes(received),
                     response.charset_encoding,
                 )
-        except httpx.TimeoutException as exc:
+        except _UNREACHABLE as exc:
+            return Outcome.unavailable(f"webhook unreachable: {type(exc).__name__}: {exc}")
+        except httpx.TimeoutException as exc:  # sent, but no response in time: this request's
             return Outcome.retry(
                 f"webhook timed out ({type(exc).__name__}) after {self.timeout:g}s"
             )
         except httpx.TransportError as exc:
-            return Outcome.retry(f"webhook unreachable: {type(exc).__name__}: {exc}")
+            return Outcome.retry(f"webhook request failed: {type(exc).__name__}: {exc}")
         except Exception as exc:
             log.warning("webhook POST of %s failed", event.event_id, exc_info=True)
             return Outcome.retry(f"webhook error: {type(exc).__name__}: {exc}")
+
+    def probe(self) -> str | None:
+        """``OPTIONS`` the webhook URL: any HTTP response means the endpoint is up."""
+        with self._lock:
+            if self._closed:
+                return "webhook broker is closed"
+            try:
+                self._client.request("OPTIONS", self.url).close()
+            except httpx.TransportError as exc:
+                return f"webhook unreachable: {type(exc).__name__}: {exc}"
+            return None
 
     def close(self) -> None:
         """Stop the worker threads and close the HTTP connections."""

@@ -17,6 +17,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol
 
@@ -50,6 +51,28 @@ class Listener(Protocol):
 
     def close(self) -> None:
         """Stop listening and drop the connection."""
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Server-side bounds for a relay connection, derived from the relay's lease.
+
+    ``idle_in_transaction``: a transaction left idle this long is rolled back
+    by the server (its row locks go with it). ``lock_wait``: the longest a
+    statement waits for another session's row lock before failing.
+    """
+
+    idle_in_transaction: float
+    lock_wait: float
+
+    @classmethod
+    def for_lease(cls, lease: float) -> SessionLimits:
+        """About one lease for a frozen transaction; a quarter of it (0.5-5 s) for lock waits.
+
+        Relays never wait on each other's locks on purpose (SKIP LOCKED), so
+        a lock wait means a stuck session: fail fast and let the lease decide.
+        """
+        return cls(idle_in_transaction=max(lease, 1.0), lock_wait=min(max(lease / 4, 0.5), 5.0))
 
 
 class Dialect(ABC):
@@ -95,6 +118,25 @@ class Dialect(ABC):
     def connect(self, engine: Engine) -> Connection:
         """Open a connection configured for this dialect's claims."""
         return engine.connect()
+
+    def limit_session(self, conn: Connection, limits: SessionLimits) -> None:  # noqa: B027
+        """Put server-side limits on a relay's connection (DESIGN.md section 1a).
+
+        A relay frozen inside a transaction (GC or VM pause, a partition that
+        keeps TCP open) must not hold rows, or make other relays wait, much
+        longer than a lease: each database sets what it has (a lock-wait
+        timeout, an idle-in-transaction timeout). Runs once per new relay
+        connection, outside any transaction. The default sets nothing.
+        """
+
+    def idle_limit(self, limits: SessionLimits) -> float | None:
+        """Seconds after which the server drops an idle relay connection (None: never).
+
+        Where the only bound on a frozen transaction also ends idle sessions
+        (MySQL's ``wait_timeout``), the relay replaces a connection left
+        unused this long before using it again.
+        """
+        return None
 
     def prepare(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Adjust a connection before a transaction begins (isolation level, ...)."""
@@ -698,32 +740,59 @@ class Dialect(ABC):
         with self.transaction(conn):
             return conn.execute(stmt).rowcount
 
-    def reap(self, conn: Connection, *, max_attempts: int) -> int:
+    def extend(self, conn: Connection, ids: Sequence[int], *, token: str, lease: float) -> set[int]:
+        """Renew the lease of the events among ``ids`` that ``token`` still holds.
+
+        Returns the ids renewed: the others were reaped or re-claimed and must
+        not be published by this relay. A lease that ran out but that nobody
+        took yet is renewed (no other relay can have published it).
+        """
+        if not ids:
+            return set()
+        t = self.table
+        held = sa.and_(self.id_in(ids), t.c.lease_owner == token, t.c.state == int(State.LEASED))
+        with self.transaction(conn):
+            renewed = conn.execute(
+                sa.update(t).where(held).values(lease_until=self.after(lease))
+            ).rowcount
+            if renewed == len(ids):
+                return set(ids)
+            # Our UPDATE locked what it renewed: the same filter reads exactly those.
+            return {int(i) for i in conn.execute(sa.select(t.c.id).where(held)).scalars()}
+
+    def reap(self, conn: Connection, *, max_attempts: int, batch: int = 1000) -> int:
         """Return expired leases to pending; make them dead once ``max_attempts`` is spent.
 
         An event whose relay keeps dying while publishing it would otherwise
-        be retried forever. Returns the rows changed.
+        be retried forever. Rows another session has locked (a relay settling
+        or renewing them, perhaps frozen mid-transaction) are skipped, not
+        waited for; at most ``batch`` rows per call. Returns the rows changed.
         """
         t = self.table
         expired = sa.and_(t.c.state == int(State.LEASED), t.c.lease_until < self.now())
-        to_dead = (
-            sa.update(t)
-            .where(expired, t.c.attempts >= max_attempts)
-            .values(
-                state=int(State.DEAD),
-                lease_until=None,
-                last_error=sa.literal(
-                    f"lease expired {max_attempts} times: relay died or publishing "
-                    "took longer than the lease"
-                ),
-            )
-        )
-        to_pending = (
-            sa.update(t)
-            .where(expired, t.c.attempts < max_attempts)
-            .values(state=int(State.PENDING), available_at=self.now(), lease_until=None)
-        )
+        pick = self.lock_rows(sa.select(t.c.id).where(expired).order_by(t.c.id).limit(batch))
         with self.transaction(conn):
+            ids = list(conn.execute(pick).scalars())
+            if not ids:
+                return 0
+            expired = sa.and_(self.id_in(ids), expired)
+            to_dead = (
+                sa.update(t)
+                .where(expired, t.c.attempts >= max_attempts)
+                .values(
+                    state=int(State.DEAD),
+                    lease_until=None,
+                    last_error=sa.literal(
+                        f"lease expired {max_attempts} times: relay died or publishing "
+                        "took longer than the lease"
+                    ),
+                )
+            )
+            to_pending = (
+                sa.update(t)
+                .where(expired, t.c.attempts < max_attempts)
+                .values(state=int(State.PENDING), available_at=self.now(), lease_until=None)
+            )
             return conn.execute(to_dead).rowcount + conn.execute(to_pending).rowcount
 
     # -- maintenance ----------------------------------------------------------
@@ -738,7 +807,9 @@ class Dialect(ABC):
         old_sent = sa.and_(t.c.state == int(State.SENT), t.c.sent_at < self.after(-older_than))
         # Select the ids first, then delete by id: MySQL rejects LIMIT in an
         # IN subquery and SQL Server escalates big deletes to a table lock.
-        pick = sa.select(t.c.id).where(old_sent).order_by(t.c.id).limit(batch)
+        # Rows another session holds are skipped, not waited for (a frozen
+        # relay must not stall the others' maintenance).
+        pick = self.lock_rows(sa.select(t.c.id).where(old_sent).order_by(t.c.id).limit(batch))
         with self.transaction(conn):
             ids = list(conn.execute(pick).scalars())
             if not ids:

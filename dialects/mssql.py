@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import ReturningDialect
+from dialects.base import ReturningDialect, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
 
 MIN_VERSION = (13,)  # SQL Server 2016
@@ -45,6 +45,19 @@ class MssqlDialect(ReturningDialect):
             expr = sa.func.dateadd(sa.literal_column("second"), whole, expr, type_=sa.DateTime())
             ms = round((seconds - whole) * 1000)
         return sa.func.dateadd(sa.literal_column("millisecond"), ms, expr, type_=sa.DateTime())
+
+    def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
+        """``SET LOCK_TIMEOUT`` (milliseconds) on a relay connection.
+
+        SQL Server has no idle-in-transaction timeout: a relay frozen inside a
+        transaction keeps its locks until its TCP connection dies. Claims and
+        maintenance skip those rows (READPAST), so other relays keep moving,
+        but the frozen relay's rows wait for it (see the README's reliability
+        section).
+        """
+        with conn.begin():
+            # SET LOCK_TIMEOUT takes a constant, not a parameter; this is an int.
+            conn.execute(sa.text(f"SET LOCK_TIMEOUT {round(limits.lock_wait * 1000):d}"))
 
     def check(self, conn: Connection) -> None:
         """Require SQL Server 2016 (version 13) or newer."""

@@ -9,13 +9,14 @@ attempt counted in Python.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import Dialect
+from dialects.base import Dialect, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import Event
 
@@ -42,6 +43,9 @@ class MysqlDialect(Dialect):
     name: ClassVar[str] = "mysql"
     isolation_level: ClassVar[str] = "READ COMMITTED"
     group_key_scan: ClassVar[bool] = True
+    #: Set by :meth:`limit_session` on MySQL, whose ``wait_timeout`` also ends
+    #: a relay's idle (not only idle-in-transaction) sessions.
+    ends_idle_sessions: bool = False
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session's time zone."""
@@ -61,11 +65,43 @@ class MysqlDialect(Dialect):
         if conn.get_execution_options().get("isolation_level") != self.isolation_level:
             conn.execution_options(isolation_level=self.isolation_level)
 
+    @staticmethod
+    def is_mariadb(conn: Connection) -> bool:
+        """True on MariaDB (the server identifies itself at connect)."""
+        return bool(getattr(conn.dialect, "is_mariadb", False))
+
+    def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
+        """``innodb_lock_wait_timeout``, and MariaDB's ``idle_transaction_timeout``.
+
+        MariaDB ends a session idle inside a transaction after
+        ``idle_transaction_timeout`` seconds (rolling it back). MySQL has no
+        such setting: ``wait_timeout`` ends any idle session, so a frozen
+        relay's transaction goes after that long, and :meth:`idle_limit`
+        makes the relay replace its own idle connections first. Both take
+        whole seconds (at least 1).
+        """
+        idle = "idle_transaction_timeout" if self.is_mariadb(conn) else "wait_timeout"
+        settings = {
+            "innodb_lock_wait_timeout": max(1, math.ceil(limits.lock_wait)),
+            idle: max(1, math.ceil(limits.idle_in_transaction)),
+        }
+        with conn.begin():
+            for name, value in settings.items():
+                # A session variable's name cannot be a bound parameter; these are constants.
+                conn.execute(sa.text(f"SET SESSION {name} = :value"), {"value": value})
+        self.ends_idle_sessions = not self.is_mariadb(conn)
+
+    def idle_limit(self, limits: SessionLimits) -> float | None:
+        """On MySQL the ``wait_timeout`` set by :meth:`limit_session`, less a margin."""
+        if not self.ends_idle_sessions:
+            return None
+        return max(0.5, math.ceil(limits.idle_in_transaction) - 0.5)
+
     def check(self, conn: Connection) -> None:
         """Require MySQL 8.0.1+ or MariaDB 10.6+ (``SKIP LOCKED``)."""
         dialect = conn.dialect
         version = tuple(v for v in (dialect.server_version_info or (0,)) if isinstance(v, int))
-        check_version(bool(getattr(dialect, "is_mariadb", False)), version)
+        check_version(self.is_mariadb(conn), version)
 
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""

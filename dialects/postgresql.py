@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
-from dialects.base import Listener, ReturningDialect
+from dialects.base import Listener, ReturningDialect, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import State
 
@@ -69,6 +69,25 @@ class PostgresqlDialect(ReturningDialect):
                 f"PostgreSQL {found} is too old: the outbox needs PostgreSQL 12 or newer "
                 "(MATERIALIZED common table expressions with FOR UPDATE SKIP LOCKED)"
             )
+
+    def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
+        """``idle_in_transaction_session_timeout`` and ``lock_timeout`` on a relay connection.
+
+        The first makes the server end a session left idle inside a
+        transaction (a relay frozen mid-claim or mid-settle), rolling it back
+        and releasing its row locks; the second bounds any lock wait. Both are
+        session settings (``set_config(..., false)``), so they last as long as
+        the connection and touch nothing else.
+        """
+        settings = {
+            "idle_in_transaction_session_timeout": limits.idle_in_transaction,
+            "lock_timeout": limits.lock_wait,
+        }
+        with conn.begin():
+            for name, seconds in settings.items():
+                conn.execute(
+                    sa.select(sa.func.set_config(name, f"{round(seconds * 1000)}ms", False))
+                )
 
     def notify_statement(self) -> sa.Executable | None:
         """``SELECT pg_notify(channel, '')``: delivered only if the transaction commits.

@@ -60,14 +60,20 @@ class OutcomeKind(enum.Enum):
     OK = "ok"
     RETRY = "retry"
     REJECT = "reject"
+    #: The broker could not be reached (connection-level): not this event's fault.
+    UNAVAILABLE = "unavailable"
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The broker's verdict on one event.
 
-    ``ok``: the broker took responsibility. ``retry``: transient failure, try
-    again after backoff. ``reject``: permanent failure, the event goes dead.
+    ``ok``: the broker took responsibility. ``retry``: transient failure of
+    this event, try again after backoff. ``reject``: permanent failure, the
+    event goes dead. ``unavailable``: the broker itself could not be reached
+    (cannot connect, login refused, connection lost, a whole batch
+    unconfirmed): the relay gives the event back without spending an attempt
+    and waits for the broker (DESIGN.md section 1a).
     """
 
     kind: OutcomeKind
@@ -88,6 +94,16 @@ class Outcome:
     def reject(cls, error: str) -> Outcome:
         """A permanent failure: the event becomes dead at once."""
         return cls(OutcomeKind.REJECT, error)
+
+    @classmethod
+    def unavailable(cls, error: str) -> Outcome:
+        """The broker could not be reached: an outage, not this event's failure."""
+        return cls(OutcomeKind.UNAVAILABLE, error)
+
+    @property
+    def is_unavailable(self) -> bool:
+        """True when the broker, not the event, failed (no attempt is spent)."""
+        return self.kind is OutcomeKind.UNAVAILABLE
 
     @property
     def is_ok(self) -> bool:
@@ -120,6 +136,8 @@ class CycleResult:
     dead: int = 0
     lease_lost: int = 0
     released: int = 0
+    #: Events given back unspent because the broker was unreachable.
+    unavailable: int = 0
     reaped: int = 0
     cleaned: int = 0
     errors: tuple[str, ...] = field(default=())

@@ -3,8 +3,10 @@
 ``outbox relay --metrics-port 9108`` serves:
 
 * ``/metrics``: the metrics below, in the Prometheus text format;
-* ``/healthz``: 200 when the database answers and the relay finished a cycle
-  recently, 503 with the reason otherwise.
+* ``/healthz``: 200 when the database answers, the broker answers and the
+  relay finished a cycle recently, 503 with the reason otherwise. The JSON
+  body always carries ``broker``: ``up``, ``since`` (ISO time of the last
+  change), ``seconds`` and ``error``.
 
 Metrics (Prometheus naming conventions):
 
@@ -19,6 +21,9 @@ Metrics (Prometheus naming conventions):
 ``outbox_claim_duration_seconds``          histogram  one claim transaction
 ``outbox_mark_duration_seconds``           histogram  one settle transaction
 ``outbox_batch_size``                      histogram  events per claim
+``outbox_broker_up``                       gauge      1 while the broker answers, 0 in an outage
+``outbox_broker_state_since_seconds``      gauge      Unix time of the last up/down change
+``outbox_events_given_back_total``         counter    unspent: the broker was unavailable
 =========================================  =========  ==================================
 """
 
@@ -34,8 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from outbox_core.errors import ConfigurationError, OutboxError
-from outbox_core.message import Event, Failure, Outcome, OutcomeKind
-from outbox_core.relay import Relay, RelayObserver
+from outbox_core.message import CycleResult, Event, Failure, Outcome, OutcomeKind
+from outbox_core.relay import BrokerState, Relay, RelayObserver
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -98,6 +103,23 @@ class RelayMetrics(RelayObserver):
         self.batch = prom.Histogram(
             "outbox_batch_size", "Events per claim.", buckets=_BATCH_BUCKETS, registry=registry
         )
+        self.broker_up = prom.Gauge(
+            "outbox_broker_up",
+            "1 while the broker answers, 0 during an outage (the relay claims nothing).",
+            registry=registry,
+        )
+        self.broker_up.set(1)
+        self.broker_since = prom.Gauge(
+            "outbox_broker_state_since_seconds",
+            "Unix time at which outbox_broker_up last changed (the relay's start before that).",
+            registry=registry,
+        )
+        self.broker_since.set_to_current_time()
+        self.given_back = prom.Counter(
+            "outbox_events_given_back",
+            "Claimed events given back unspent because the broker was unavailable.",
+            registry=registry,
+        )
 
     def claimed(self, events: Sequence[Event], seconds: float) -> None:
         """Claim duration and batch size."""
@@ -130,6 +152,16 @@ class RelayMetrics(RelayObserver):
                 self.dead.labels(event.topic).inc()
         if lost:
             self.failures.labels("lease_lost").inc(lost)
+
+    def cycle(self, result: CycleResult) -> None:
+        """Events given back because the broker was unavailable."""
+        if result.unavailable:
+            self.given_back.inc(result.unavailable)
+
+    def broker_changed(self, state: BrokerState) -> None:
+        """``outbox_broker_up`` and since when."""
+        self.broker_up.set(1 if state.up else 0)
+        self.broker_since.set(state.since)
 
 
 class BacklogCollector:
@@ -231,9 +263,19 @@ class MetricsServer:
         except OutboxError as exc:
             detail["database"] = str(exc)
             reachable = False
+        broker = self.relay.broker_state
+        detail["broker"] = broker.as_dict()
+        problems = []
         if not recent:
-            detail["problem"] = f"no cycle finished in {self.stale_after:.0f}s"
-        ok = reachable and recent
+            problems.append(f"no cycle finished in {self.stale_after:.0f}s")
+        if not broker.up:
+            problems.append(
+                f"broker unavailable since {detail['broker']['since']} "
+                f"({detail['broker']['seconds']:.0f}s): {broker.error}"
+            )
+        if problems:
+            detail["problem"] = "; ".join(problems)
+        ok = reachable and recent and broker.up
         detail["status"] = "ok" if ok else "unhealthy"
         return ok, detail
 

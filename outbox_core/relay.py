@@ -10,6 +10,21 @@ Every claim gets a fresh token, so settling writes of a relay whose lease
 expired and was re-claimed change nothing. SIGTERM / SIGINT let the batch in
 flight finish; a second signal interrupts it and the unpublished claims are
 released.
+
+Liveness (DESIGN.md section 1a):
+
+* **An outage is not the event's failure.** Events the broker reports
+  ``unavailable`` are given back without spending an attempt; the relay stops
+  claiming and probes the broker (:meth:`Broker.probe`) with backoff until it
+  answers. :attr:`Relay.broker_state` says since when it is down.
+* **Maintenance is off the settle path.** ``run()`` reaps, cleans up and
+  renews leases on a thread and connection of its own; reap and cleanup skip
+  rows other sessions hold, and every relay connection carries the
+  dialect's server-side limits (:meth:`Dialect.limit_session`).
+* **A lease covers publishing, not waiting.** Batches claimed but not yet
+  settled have their leases renewed while they wait or publish, and a batch
+  whose lease is older than half of it is re-validated (renewed, keeping only
+  the events still held) just before it is published.
 """
 
 from __future__ import annotations
@@ -17,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import signal
 import socket
 import threading
@@ -25,7 +41,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
@@ -33,7 +50,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from brokers.base import Broker
-from dialects.base import Dialect
+from dialects.base import Dialect, SessionLimits
 from outbox_core import tracing
 from outbox_core.config import Settings, redact
 from outbox_core.errors import DatabaseError
@@ -41,6 +58,16 @@ from outbox_core.message import CycleResult, Event, Failure, Outcome
 from outbox_core.retry import RetryPolicy
 
 log = logging.getLogger("outbox.relay")
+
+#: First and longest wait between broker probes while the broker is down.
+PROBE_FIRST = 0.5
+PROBE_MAX = 10.0
+#: A batch whose lease is older than this share of it is renewed before publishing.
+REVALIDATE_AFTER = 0.5
+#: Batches in flight have their lease renewed once this share of it has passed...
+RENEW_AFTER = 1 / 3
+#: ...for at most this many leases: a publish that hangs longer lets its events go.
+MAX_RENEWED_LEASES = 10
 
 
 @contextmanager
@@ -79,14 +106,45 @@ class RelayObserver:
     def cycle(self, result: CycleResult) -> None:
         """A cycle ended (also called when a claim found nothing)."""
 
+    def broker_changed(self, state: BrokerState) -> None:
+        """The broker went down (an ``unavailable`` outcome) or answers again."""
+
 
 @dataclass(frozen=True)
+class BrokerState:
+    """Whether the broker answers, as the relay last saw it, and since when."""
+
+    up: bool = True
+    #: ``time.time()`` of the last change (the relay's start while it never changed).
+    since: float = field(default_factory=time.time)
+    #: Why it is down (the first ``unavailable`` error or the last failed probe).
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``/healthz``, ``outbox status``)."""
+        return {
+            "up": self.up,
+            "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
+            "seconds": round(max(0.0, time.time() - self.since), 1),
+            "error": self.error,
+        }
+
+
+@dataclass(eq=False)
 class _Claim:
-    """One claimed batch and the token that fences its settling."""
+    """One claimed batch, the token that fences its settling, and its lease's age."""
 
     token: str
     events: list[Event]
-    reaped: int = 0
+    #: ``time.monotonic()`` before the claim ran: its lease cannot have started earlier.
+    claimed_at: float = field(default_factory=time.monotonic)
+    #: Likewise before its last renewal.
+    renewed_at: float = 0.0
+    #: Events dropped before publishing because their lease was lost.
+    lost: int = 0
+
+    def __post_init__(self) -> None:
+        self.renewed_at = self.renewed_at or self.claimed_at
 
 
 @dataclass
@@ -146,6 +204,16 @@ class Relay:
         self._reap = _Due(settings.reap_interval)
         self._cleanup = _Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
         self._claim_seq = 0
+        #: Server-side bounds on every relay connection (see Dialect.limit_session).
+        self.limits = SessionLimits.for_lease(settings.lease)
+        self._idle_limit: float | None = None
+        #: Is the broker up? Changed only by the publishing thread.
+        self.broker_state = BrokerState()
+        self._probe_in = PROBE_FIRST
+        self._probe_at = 0.0
+        # Claimed and not yet settled (the maintenance thread renews their leases).
+        self._inflight: dict[str, _Claim] = {}
+        self._inflight_lock = threading.Lock()
         #: Called after every cycle with its result (metrics, tests).
         self.on_cycle: Callable[[CycleResult], None] | None = None
         #: Metrics and tracing hooks (see :class:`RelayObserver`).
@@ -161,13 +229,23 @@ class Relay:
     def conn(self) -> Connection:
         """This thread's connection of the relay, opened on first use and after a failure."""
         conn: Connection | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.invalidated:
+        now = time.monotonic()
+        idle = now - getattr(self._local, "used_at", now)
+        stale = self._idle_limit is not None and idle > self._idle_limit
+        if conn is None or conn.closed or conn.invalidated or stale:
             self._drop_connection()
             with translate_errors("connect"):
                 conn = self.dialect.connect(self.engine)
+                try:
+                    self.dialect.limit_session(conn, self.limits)
+                except BaseException:
+                    conn.close()
+                    raise
+            self._idle_limit = self.dialect.idle_limit(self.limits)
             self._local.conn = conn
             with self._conns_lock:
                 self._conns.append(conn)
+        self._local.used_at = now
         return conn
 
     def _drop_connection(self) -> None:
@@ -194,26 +272,27 @@ class Relay:
     # -- one cycle: claim, publish, settle ------------------------------------------
 
     def run_once(self) -> CycleResult:
-        """Reap (when due), claim one batch, publish it, settle it, clean up (when due)."""
+        """Reap (when due), claim one batch, publish it, settle it, clean up (when due).
+
+        While the broker is down it claims nothing: it probes the broker (at
+        most once per backoff step) and returns an empty cycle.
+        """
+        reaped = self.reap() if self._reap.ready(time.monotonic()) else 0
+        if not self._broker_ready():
+            return self._finish(CycleResult(reaped=reaped), maintain=True)
         claim = self._claim()
-        result = CycleResult(claimed=len(claim.events), reaped=claim.reaped)
+        result = CycleResult(claimed=len(claim.events), reaped=reaped)
         if claim.events:
             outcomes = self._publish_or_release(claim)
             result = self._settle(claim, outcomes, result)
-        return self._finish(result)
+        return self._finish(result, maintain=True)
 
     def _claim(self) -> _Claim:
-        """Tx 1: return expired leases when due, then lease one batch under a new token."""
+        """Tx 1: lease one batch under a new token (tracked until it is settled)."""
         s = self.settings
+        token = self.new_token()
+        claim = _Claim(token, [])
         try:
-            reaped = 0
-            if self._reap.ready(time.monotonic()):
-                with translate_errors("reap"):
-                    reaped = self.dialect.reap(self.conn, max_attempts=self.retry.max_attempts)
-                if reaped:
-                    log.warning("returned %d expired leases", reaped, extra={"count": reaped})
-            token = self.new_token()
-            started = time.perf_counter()
             with translate_errors("claim"):
                 if s.ordered and s.run_length > 1:
                     events = self.dialect.claim_runs(
@@ -234,13 +313,162 @@ class Relay:
         except DatabaseError:
             self._drop_connection()
             raise
+        claim.events = events
+        if events:
+            with self._inflight_lock:
+                self._inflight[token] = claim
         for observer in self.observers:
-            observer.claimed(events, time.perf_counter() - started)
-        return _Claim(token, events, reaped)
+            observer.claimed(events, time.monotonic() - claim.claimed_at)
+        return claim
+
+    def reap(self) -> int:
+        """Return expired leases to pending (skipping rows other sessions hold)."""
+        try:
+            with translate_errors("reap"):
+                reaped = self.dialect.reap(self.conn, max_attempts=self.retry.max_attempts)
+        except DatabaseError:
+            self._drop_connection()
+            raise
+        if reaped:
+            log.warning("returned %d expired leases", reaped, extra={"count": reaped})
+        return reaped
+
+    # -- leases: renewed while a batch waits or publishes ------------------------------
+
+    def _renew(self, claim: _Claim, *, drop_lost: bool) -> None:
+        """Renew ``claim``'s lease; with ``drop_lost``, keep only the events still held.
+
+        Runs before publishing a batch whose lease is getting old (dropping
+        what was lost: it must not be published) and on the maintenance
+        thread for batches in flight (nothing is dropped: they are being
+        published, and settling reports what was lost).
+        """
+        started = time.monotonic()
+        try:
+            with translate_errors("renew lease"):
+                held = self.dialect.extend(
+                    self.conn,
+                    [e.id for e in claim.events],
+                    token=claim.token,
+                    lease=self.settings.lease,
+                )
+        except DatabaseError:
+            self._drop_connection()
+            raise
+        claim.renewed_at = started
+        if drop_lost and len(held) < len(claim.events):
+            kept = [e for e in claim.events if e.id in held]
+            claim.lost += len(claim.events) - len(kept)
+            log.warning(
+                "lease lost on %d events before publishing them (not published)",
+                len(claim.events) - len(kept),
+                extra={"token": claim.token, "count": len(claim.events) - len(kept)},
+            )
+            claim.events = kept
+
+    def _revalidate(self, claim: _Claim) -> _Claim:
+        """Just before publishing: a batch whose lease is past half is renewed first.
+
+        Events whose lease was lost are dropped; if the database cannot be
+        reached, nothing is published (the leases run out and other relays
+        take the events).
+        """
+        if time.monotonic() - claim.renewed_at <= self.settings.lease * REVALIDATE_AFTER:
+            return claim
+        try:
+            self._renew(claim, drop_lost=True)
+        except DatabaseError as exc:
+            log.error("%s; not publishing %d events", exc, len(claim.events))
+            claim.lost += len(claim.events)
+            claim.events = []
+        return claim
+
+    def keep_leases(self) -> int:
+        """Renew the leases of batches in flight whose lease is a third gone; return how many.
+
+        A batch is renewed for at most :data:`MAX_RENEWED_LEASES` leases from
+        its claim, so a publish that hangs lets its events go to other relays.
+        """
+        lease = self.settings.lease
+        now = time.monotonic()
+        with self._inflight_lock:
+            due = [
+                c
+                for c in self._inflight.values()
+                if now - c.renewed_at > lease * RENEW_AFTER
+                and now - c.claimed_at < lease * MAX_RENEWED_LEASES
+            ]
+        for claim in due:
+            self._renew(claim, drop_lost=False)
+        return len(due)
+
+    def _forget(self, token: str) -> None:
+        """The batch of ``token`` is settled or released: stop renewing its lease."""
+        with self._inflight_lock:
+            self._inflight.pop(token, None)
+
+    # -- the broker: up, or down and probed ----------------------------------------------
+
+    def _broker_ready(self) -> bool:
+        """True while the broker is up; while down, probe it when the backoff allows."""
+        if self.broker_state.up:
+            return True
+        if time.monotonic() < self._probe_at:
+            return False
+        error = self._probe()
+        self.last_cycle_at = time.time()  # probing is what the loop does while the broker is down
+        if error is None:
+            self._broker_changed(BrokerState(up=True))
+            return True
+        self._probe_in = min(self._probe_in * 2, PROBE_MAX)
+        self._probe_at = time.monotonic() + self._probe_in * random.uniform(0.8, 1.0)
+        self.broker_state = dataclasses.replace(self.broker_state, error=error)
+        log.debug("broker still unavailable: %s", error)
+        return False
+
+    def _probe(self) -> str | None:
+        try:
+            return self.broker.probe()
+        except Exception as exc:  # a broker must not raise; treat it as down
+            log.exception("probing the broker raised")
+            return f"probe failed: {type(exc).__name__}: {exc}"
+
+    def _note_outcomes(self, outcomes: Sequence[Outcome | None]) -> None:
+        """An ``unavailable`` outcome opens the breaker: stop claiming, probe with backoff."""
+        error = next((o.error for o in outcomes if o is not None and o.is_unavailable), None)
+        if error is None:
+            if not self.broker_state.up:
+                self._broker_changed(BrokerState(up=True))
+            return
+        if self.broker_state.up:
+            self._broker_changed(BrokerState(up=False, error=error))
+            self._probe_in = PROBE_FIRST
+        else:  # the first batch after a good probe failed again: back off further
+            self._probe_in = min(self._probe_in * 2, PROBE_MAX)
+        self._probe_at = time.monotonic() + self._probe_in
+
+    def _broker_changed(self, state: BrokerState) -> None:
+        previous = self.broker_state
+        self.broker_state = state
+        if state.up:
+            log.info(
+                "broker answers again after %.1fs down; claiming resumed",
+                state.since - previous.since,
+            )
+        else:
+            log.error(
+                "broker unavailable: %s; claiming stopped, unpublished events given back "
+                "without spending an attempt, probing the broker until it answers",
+                state.error,
+            )
+        for observer in self.observers:
+            observer.broker_changed(state)
 
     def _publish_or_release(self, claim: _Claim) -> list[Outcome | None]:
         try:
-            return self._deliver(claim.events)
+            outcomes = self._deliver(claim.events)
+            self._note_outcomes(outcomes)
+            return outcomes
         except (KeyboardInterrupt, SystemExit):
             # Interrupted mid-publish (second signal): give the claims back now
             # rather than leave them leased until the lease expires.
@@ -273,6 +501,8 @@ class Relay:
             for index, outcome in zip(wave, self._publish([events[i] for i in wave]), strict=True):
                 outcomes[index] = outcome
             depth += 1
+            if any(o is not None and o.is_unavailable for o in outcomes):
+                break  # the broker is down: the later waves go back with the rest
             wave = [
                 indexes[depth]
                 for indexes in runs.values()
@@ -301,14 +531,28 @@ class Relay:
     def _settle(
         self, claim: _Claim, outcomes: Sequence[Outcome | None], result: CycleResult
     ) -> CycleResult:
-        """Tx 2: mark sent / failed (and give back what was not published), fenced by token."""
+        """Tx 2: mark sent / failed (and give back what was not published), fenced by token.
+
+        Events not published, or not taken because the broker was unavailable,
+        are released: pending again at once, their attempt not spent.
+        """
+        try:
+            return self._settle_claim(claim, outcomes, result)
+        finally:
+            self._forget(claim.token)
+
+    def _settle_claim(
+        self, claim: _Claim, outcomes: Sequence[Outcome | None], result: CycleResult
+    ) -> CycleResult:
         token = claim.token
         ok: list[int] = []
         failures: list[Failure] = []
         unpublished: list[Event] = []
+        unavailable = 0
         for event, outcome in zip(claim.events, outcomes, strict=True):
-            if outcome is None:
+            if outcome is None or outcome.is_unavailable:
                 unpublished.append(event)
+                unavailable += outcome is not None
                 continue
             if outcome.is_ok:
                 ok.append(event.id)
@@ -345,8 +589,12 @@ class Relay:
         except DatabaseError:
             self._drop_connection()
             raise
-        lost = (len(ok) - sent) + (len(failures) - failed)
-        published = [(e, o) for e, o in zip(claim.events, outcomes, strict=True) if o is not None]
+        lost = (len(ok) - sent) + (len(failures) - failed) + claim.lost
+        published = [
+            (e, o)
+            for e, o in zip(claim.events, outcomes, strict=True)
+            if o is not None and not o.is_unavailable
+        ]
         for observer in self.observers:
             observer.settled(
                 [e for e, _ in published],
@@ -373,21 +621,22 @@ class Relay:
             dead=dead,
             lease_lost=lost,
             released=released,
+            unavailable=unavailable,
             errors=tuple(f.error for f in failures[:10]),
         )
 
-    def _finish(self, result: CycleResult) -> CycleResult:
-        """Clean up when due and report the cycle (one thread at a time)."""
-        with self._finish_lock:
-            return self._finish_locked(result)
+    def _finish(self, result: CycleResult, *, maintain: bool = False) -> CycleResult:
+        """Report the cycle (one thread at a time); with ``maintain``, clean up when due.
 
-    def _finish_locked(self, result: CycleResult) -> CycleResult:
-        if self._cleanup.ready(time.monotonic()):
-            try:
-                result = dataclasses.replace(result, cleaned=self.cleanup())
-            except DatabaseError:
-                self._drop_connection()
-                raise
+        ``run()`` cleans up on its maintenance thread instead, never on the
+        threads that claim and settle.
+        """
+        with self._finish_lock:
+            return self._finish_locked(result, maintain)
+
+    def _finish_locked(self, result: CycleResult, maintain: bool) -> CycleResult:
+        if maintain and self._cleanup.ready(time.monotonic()):
+            result = dataclasses.replace(result, cleaned=self.cleanup())
         self.last_cycle_at = time.time()
         for observer in self.observers:
             observer.cycle(result)
@@ -396,6 +645,7 @@ class Relay:
         return result
 
     def _release(self, events: Sequence[Event], token: str) -> int:
+        self._forget(token)
         try:
             with translate_errors("release"):
                 released = self.dialect.release(self.conn, [e.id for e in events], token=token)
@@ -409,12 +659,16 @@ class Relay:
         """Delete sent rows older than ``cleanup_after``, in bounded batches (at most 10)."""
         total = 0
         for _ in range(10):
-            with translate_errors("cleanup"):
-                n = self.dialect.cleanup(
-                    self.conn,
-                    older_than=self.settings.cleanup_after,
-                    batch=self.settings.cleanup_batch,
-                )
+            try:
+                with translate_errors("cleanup"):
+                    n = self.dialect.cleanup(
+                        self.conn,
+                        older_than=self.settings.cleanup_after,
+                        batch=self.settings.cleanup_batch,
+                    )
+            except DatabaseError:
+                self._drop_connection()
+                raise
             total += n
             if n < self.settings.cleanup_batch:
                 break
@@ -463,6 +717,8 @@ class Relay:
         if self.settings.notify:
             listener = threading.Thread(target=self._listen, name="outbox-listen", daemon=True)
             listener.start()
+        maintenance = threading.Thread(target=self._maintain, name="outbox-maintain", daemon=True)
+        maintenance.start()
         try:
             with (
                 ThreadPoolExecutor(1, thread_name_prefix="outbox-db") as db,
@@ -471,6 +727,7 @@ class Relay:
                 self._pipeline(db, settler)
         finally:
             self._stop.set()
+            maintenance.join(30)
             if listener is not None:
                 listener.join(5)
             for sig, handler in previous.items():
@@ -485,7 +742,9 @@ class Relay:
         claiming batch N+1 and settling batch N-1 overlap with publishing
         batch N, each on its own connection. At most one settle waits behind
         the running one; in ordered mode a claim first waits for the last
-        settle, so it sees the heads that settle freed.
+        settle, so it sees the heads that settle freed. While the broker is
+        down nothing is claimed (a prefetched batch is given back) and the
+        broker is probed with backoff.
         """
         idle = self.settings.poll_interval
         error_backoff = 0.5
@@ -501,6 +760,12 @@ class Relay:
                 if prefetched is not None:
                     self._release_future(db, prefetched)
                 return
+            if not self._broker_ready():
+                if prefetched is not None:
+                    self._release_future(db, prefetched)
+                    prefetched = None
+                self._stop.wait(max(0.0, self._probe_at - time.monotonic()))
+                continue
             was_prefetched = prefetched is not None
             if not was_prefetched and self.settings.ordered:
                 settled()
@@ -514,7 +779,16 @@ class Relay:
             finally:
                 prefetched = None
             error_backoff = 0.5
-            result = CycleResult(claimed=len(claim.events), reaped=claim.reaped)
+            result = CycleResult(claimed=len(claim.events))
+            if claim.events:
+                # A prefetched batch waited while the one before it was published.
+                claim = db.submit(self._revalidate, claim).result()
+                if not claim.events:
+                    self._forget(claim.token)
+                    db.submit(
+                        self._finish_quietly, dataclasses.replace(result, lease_lost=claim.lost)
+                    ).result()
+                    continue
             if not claim.events:
                 db.submit(self._finish_quietly, result).result()
                 if was_prefetched and self.settings.ordered:
@@ -541,12 +815,37 @@ class Relay:
                 if prefetched is not None:
                     self._release_future(db, prefetched)
                 raise
+            self._note_outcomes(outcomes)
             # Submit before waiting on the previous settle: an interrupt while
             # waiting still leaves this batch queued (the executor drains it).
             previous = settling
             settling = settler.submit(self._settle_quietly, claim, outcomes, result)
             if previous is not None:
                 previous.result()  # at most one settle queued behind the running one
+
+    def _maintain(self) -> None:
+        """The maintenance thread of ``run()``: renew leases in flight, reap, clean up.
+
+        On a connection of its own, so that a slow or blocked maintenance
+        statement never holds up claiming or settling; errors are logged and
+        retried at the next tick.
+        """
+        tick = min(max(self.settings.lease / 10, 0.05), 1.0)
+        backoff = tick
+        while not self._stop.wait(backoff):
+            try:
+                self.keep_leases()
+                reaped = self.reap() if self._reap.ready(time.monotonic()) else 0
+                cleaned = self.cleanup() if self._cleanup.ready(time.monotonic()) else 0
+                if reaped or cleaned:
+                    self._finish(CycleResult(reaped=reaped, cleaned=cleaned))
+                backoff = tick
+            except DatabaseError as exc:
+                log.error("maintenance: %s; retrying in %.1fs", exc, backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception:
+                log.exception("maintenance failed")
+                backoff = min(backoff * 2, 30.0)
 
     def _listen(self) -> None:
         """Wake the relay on the database's notifications (PostgreSQL LISTEN)."""

@@ -265,6 +265,8 @@ class TcpProxy:
         self.port: int = self.listener.getsockname()[1]
         #: when True, bytes from the broker are read and dropped (no confirms arrive)
         self.swallow_replies = False
+        #: when True, every new connection is closed at once (the broker is down)
+        self.refusing = False
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
         self.lock = threading.Lock()
         self.running = True
@@ -287,6 +289,11 @@ class TcpProxy:
                 continue
             except OSError:
                 return
+            if self.refusing:
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_RDWR)
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -325,6 +332,15 @@ class TcpProxy:
             for sock in pair:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+    def down(self) -> None:
+        """The broker goes down: open connections are cut and new ones closed at once."""
+        self.refusing = True
+        self.cut()
+
+    def up(self) -> None:
+        """The broker is back: connections go through again."""
+        self.refusing = False
 
     def close(self) -> None:
         """Stop accepting and cut everything."""

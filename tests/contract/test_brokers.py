@@ -53,6 +53,7 @@ from tests.contract.broker_fixtures import (
 )
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
+DOWN = OutcomeKind.UNAVAILABLE
 
 
 # ---------------------------------------------------------------------------
@@ -249,7 +250,8 @@ def test_large_batch(harness: Harness) -> None:
     assert {e.event_id for e in events} <= set(harness.arrived())
 
 
-def test_broker_down_every_outcome_retry_and_no_exception(harness: Harness) -> None:
+def test_broker_down_every_outcome_unavailable_and_no_exception(harness: Harness) -> None:
+    """An outage is the broker's, not the events': no attempt may be spent on it."""
     if harness.down is None:
         pytest.skip(f"{harness.name} cannot be down")
     broker = harness.down()
@@ -257,17 +259,24 @@ def test_broker_down_every_outcome_retry_and_no_exception(harness: Harness) -> N
         events = [make_event() for _ in range(5)]
         for _ in range(2):  # the first try and the one inside the reconnect backoff
             outcomes = broker.publish(events)
-            assert kinds(outcomes) == [RETRY] * len(events)
+            assert kinds(outcomes) == [DOWN] * len(events)
             assert all(o.error for o in outcomes)
+        problem = broker.probe()
+        assert problem, "probe() of a broker that is down must say why"
     finally:
         broker.close()
 
 
-def test_publish_after_close_is_retry(harness: Harness) -> None:
+def test_probe_of_a_broker_that_is_up(harness: Harness) -> None:
+    assert harness.broker.probe() is None
+    assert kinds(harness.broker.publish([make_event()])) == [OK]
+
+
+def test_publish_after_close_is_unavailable(harness: Harness) -> None:
     if harness.name == "memory":
         pytest.skip("the memory broker has nothing to close")
     harness.broker.close()
-    assert kinds(harness.broker.publish([make_event()])) == [RETRY]
+    assert kinds(harness.broker.publish([make_event()])) == [DOWN]
 
 
 # ---------------------------------------------------------------------------
@@ -452,11 +461,13 @@ def test_rabbitmq_unencodable_event_is_rejected_alone(rabbit: RabbitState) -> No
 
 
 @pytest.mark.needs_server
-def test_rabbitmq_passive_declare_of_missing_exchange_is_retry(rabbit: RabbitState) -> None:
+def test_rabbitmq_passive_declare_of_missing_exchange_is_unavailable(rabbit: RabbitState) -> None:
     broker = rabbit.broker(exchange=f"missing.{uuid.uuid4().hex}", declare_exchange=False)
     outcomes = broker.publish([make_event(), make_event()])
+    problem = broker.probe()
     broker.close()
-    assert kinds(outcomes) == [RETRY, RETRY]
+    assert kinds(outcomes) == [DOWN, DOWN]
+    assert "NOT_FOUND" in (problem or "")
     assert "NOT_FOUND" in (outcomes[0].error or "")
 
 
@@ -496,7 +507,7 @@ def test_rabbitmq_confirm_timeout_retries_then_reconnects(
         started = time.monotonic()
         outcomes = broker.publish([make_event() for _ in range(20)])
         assert time.monotonic() - started < 5
-        assert kinds(outcomes) == [RETRY] * 20
+        assert kinds(outcomes) == [DOWN] * 20
         assert "no publisher confirm" in (outcomes[0].error or "")
         proxy.swallow_replies = False
         assert kinds(broker.publish([make_event() for _ in range(5)])) == [OK] * 5
@@ -506,7 +517,9 @@ def test_rabbitmq_confirm_timeout_retries_then_reconnects(
 
 
 @pytest.mark.needs_server
-def test_rabbitmq_connection_lost_mid_batch_is_retry(rabbit: RabbitState, proxy: TcpProxy) -> None:
+def test_rabbitmq_connection_lost_mid_batch_is_unavailable(
+    rabbit: RabbitState, proxy: TcpProxy
+) -> None:
     broker = rabbit.broker(proxy.url(rabbit.url), confirm_timeout=20)
     try:
         assert kinds(broker.publish([make_event()])) == [OK]
@@ -515,7 +528,7 @@ def test_rabbitmq_connection_lost_mid_batch_is_retry(rabbit: RabbitState, proxy:
         started = time.monotonic()
         outcomes = broker.publish([make_event() for _ in range(50)])
         assert time.monotonic() - started < 10  # not the 20s confirm timeout
-        assert kinds(outcomes) == [RETRY] * 50
+        assert kinds(outcomes) == [DOWN] * 50
         assert "connection lost" in (outcomes[0].error or "")
         proxy.swallow_replies = False
         assert kinds(broker.publish([make_event() for _ in range(5)])) == [OK] * 5
@@ -546,12 +559,12 @@ def test_rabbitmq_reconnect_backoff_while_down(rabbit: RabbitState, proxy: TcpPr
         assert kinds(broker.publish([make_event()])) == [OK]
         proxy.close()  # nothing listens any more
         first = broker.publish([make_event()])
-        assert kinds(first) == [RETRY]
+        assert kinds(first) == [DOWN]
         second = broker.publish([make_event()])
-        assert kinds(second) == [RETRY]
-        assert second[0].retry_after is not None
-        assert 0 < second[0].retry_after <= 1
+        assert kinds(second) == [DOWN]
         assert "next connection attempt" in (second[0].error or "")
+        # The relay paces its own probes: a probe connects now, backoff or not.
+        assert "refused" in (broker.probe() or "").lower()
     finally:
         broker.close()
 
@@ -769,9 +782,11 @@ def test_webhook_without_secret_sends_no_signature(webhook_server: WebhookServer
     assert "webhook-id" in received.headers
 
 
-def test_webhook_connection_refused_is_retry() -> None:
+def test_webhook_connection_refused_is_unavailable() -> None:
     broker = WebhookBroker.from_url(f"http://127.0.0.1:{unused_port()}/", concurrency=2)
     outcomes = broker.publish([make_event() for _ in range(4)])
+    problem = broker.probe()
     broker.close()
-    assert kinds(outcomes) == [RETRY] * 4
+    assert kinds(outcomes) == [DOWN] * 4
+    assert "unreachable" in (problem or "")
     assert "unreachable" in (outcomes[0].error or "")

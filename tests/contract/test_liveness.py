@@ -1,0 +1,210 @@
+"""Liveness on every database (DESIGN.md section 1a), in-process and fast.
+
+* a broker outage spends no attempt: the batch goes back unspent, the relay
+  stops claiming, probes with backoff, and resumes when the broker answers;
+* a batch's lease can be renewed while the relay still holds it, and not once
+  another relay took it;
+* reap and cleanup skip rows another session holds instead of waiting;
+* relay connections carry the server-side limits that end a frozen
+  transaction.
+
+The multi-process versions (minute-long outages, SIGSTOPped relays, a slow
+broker) are in ``tests/faults``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from brokers.base import Broker
+from outbox_core import Outbox, Outcome, State
+from outbox_core.message import Event
+from outbox_core.relay import BrokerState, RelayObserver
+from tests.contract.test_dialect_contract import connection, enqueue_many, rows
+from tests.support import set_lock_timeout
+
+
+class SwitchBroker(Broker):
+    """Up or down at the test's word; counts what it publishes and how often it was probed."""
+
+    def __init__(self) -> None:
+        self.down: str | None = None
+        self.published: list[str] = []
+        self.probes = 0
+
+    def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+        if self.down is not None:
+            return [Outcome.unavailable(self.down)] * len(events)
+        self.published += [e.event_id for e in events]
+        return [Outcome.ok()] * len(events)
+
+    def probe(self) -> str | None:
+        self.probes += 1
+        return self.down
+
+
+class Changes(RelayObserver):
+    def __init__(self) -> None:
+        self.states: list[BrokerState] = []
+
+    def broker_changed(self, state: BrokerState) -> None:
+        self.states.append(state)
+
+
+def test_broker_outage_spends_no_attempt_stops_claiming_and_resumes(outbox: Outbox) -> None:
+    enqueue_many(outbox, 5)
+    broker = SwitchBroker()
+    relay = outbox.relay(broker, max_attempts=1, reap_interval=0, cleanup_after=0)
+    changes = Changes()
+    relay.observers.append(changes)
+    broker.down = "connection refused"
+
+    result = relay.run_once()
+    assert (result.claimed, result.unavailable, result.released) == (5, 5, 5)
+    assert (result.retried, result.dead) == (0, 0)
+    assert [(r.state, r.attempts) for r in rows(outbox)] == [(State.PENDING, 0)] * 5
+    assert relay.broker_state.up is False
+    assert relay.broker_state.error == "connection refused"
+
+    # While down it claims nothing; it probes once the backoff allows.
+    assert relay.run_once().claimed == 0
+    assert broker.probes == 0
+    time.sleep(0.6)
+    assert relay.run_once().claimed == 0
+    assert broker.probes == 1
+    assert [r.attempts for r in rows(outbox)] == [0] * 5
+
+    broker.down = None
+    time.sleep(1.1)  # the second probe comes after a doubled backoff
+    result = relay.run_once()
+    assert (result.claimed, result.sent) == (5, 5)
+    assert broker.probes == 2
+    assert relay.broker_state.up is True
+    # max_attempts=1: had the outage spent an attempt, the events would be dead.
+    assert [(r.state, r.attempts) for r in rows(outbox)] == [(State.SENT, 1)] * 5
+    assert [s.up for s in changes.states] == [False, True]
+    relay.close()
+
+
+def test_partly_unavailable_batch_settles_what_the_broker_took(outbox: Outbox) -> None:
+    """A connection lost mid-batch: confirmed events are sent, the rest go back unspent."""
+    ids = enqueue_many(outbox, 4)
+
+    class HalfBroker(SwitchBroker):
+        def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+            return [Outcome.ok()] * 2 + [Outcome.unavailable("connection lost")] * 2
+
+    relay = outbox.relay(HalfBroker(), reap_interval=0, cleanup_after=0)
+    result = relay.run_once()
+    assert (result.sent, result.unavailable, result.released) == (2, 2, 2)
+    by_id = {r.event_id: (r.state, r.attempts) for r in rows(outbox)}
+    assert [by_id[i] for i in ids] == [(State.SENT, 1)] * 2 + [(State.PENDING, 0)] * 2
+    relay.close()
+
+
+def test_a_lease_is_renewed_only_while_its_token_holds_it(outbox: Outbox) -> None:
+    enqueue_many(outbox, 3)
+    d = outbox.dialect
+    with connection(outbox) as conn:
+        events = d.claim(conn, limit=10, lease=0.2, token="a", ordered=False)
+        ids = [e.id for e in events]
+        time.sleep(0.3)  # expired, but nobody took them: still ours to renew
+        assert d.extend(conn, ids, token="a", lease=30) == set(ids)
+        assert d.reap(conn, max_attempts=10) == 0  # renewed: nothing expired
+        assert d.extend(conn, ids, token="someone-else", lease=30) == set()
+        # Expire and reap one; another relay re-claims it: "a" keeps only the rest.
+        t = outbox.table
+        with conn.begin():
+            conn.execute(sa.update(t).where(t.c.id == ids[0]).values(lease_until=d.after(-5)))
+        assert d.reap(conn, max_attempts=10) == 1
+        [taken] = d.claim(conn, limit=10, lease=30, token="b", ordered=False)
+        assert taken.id == ids[0]
+        assert d.extend(conn, ids, token="a", lease=30) == set(ids[1:])
+
+
+def _hold_rows(outbox: Outbox, conn: sa.Connection, ids: list[int]) -> None:
+    """Lock ``ids`` in an open transaction on ``conn`` (as a frozen relay's settle would)."""
+    t = outbox.table
+    conn.begin()
+    conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(last_error="held by a test"))
+
+
+@pytest.mark.needs_server
+def test_reap_and_cleanup_skip_rows_another_session_holds(outbox: Outbox, backend: str) -> None:
+    if not outbox.dialect.row_locks:
+        pytest.skip("SQLite has no row locks: writers take turns")
+    enqueue_many(outbox, 6)
+    d = outbox.dialect
+    t = outbox.table
+    with connection(outbox) as conn, connection(outbox) as holder:
+        set_lock_timeout(conn, backend, 20)  # a wait would show as a slow call, not an error
+        events = d.claim(conn, limit=6, lease=30, token="a", ordered=False)
+        ids = [e.id for e in events]
+        with conn.begin():  # three expired leases, three sent long ago
+            conn.execute(sa.update(t).where(t.c.id.in_(ids[:3])).values(lease_until=d.after(-5)))
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id.in_(ids[3:]))
+                .values(state=int(State.SENT), sent_at=d.after(-3600), lease_owner=None)
+            )
+        _hold_rows(outbox, holder, [ids[0], ids[3]])
+        started = time.monotonic()
+        assert d.reap(conn, max_attempts=10) == 2
+        assert d.cleanup(conn, older_than=60, batch=100) == 2
+        assert time.monotonic() - started < 5, "maintenance waited on another session's locks"
+        holder.rollback()
+        assert d.reap(conn, max_attempts=10) == 1
+        assert d.cleanup(conn, older_than=60, batch=100) == 1
+    assert [r.state for r in rows(outbox)] == [State.PENDING] * 3
+
+
+def _session_value(conn: sa.Connection, backend: str, name: str) -> Any:
+    if backend == "postgresql":
+        return conn.execute(sa.select(sa.func.current_setting(name))).scalar_one()
+    return conn.execute(sa.text(f"SELECT @@SESSION.{name}")).scalar_one()
+
+
+@pytest.mark.needs_server
+def test_relay_connections_carry_server_side_limits(outbox: Outbox, backend: str) -> None:
+    relay = outbox.relay(SwitchBroker(), lease=8)
+    conn = relay.conn
+    try:
+        if backend == "postgresql":
+            assert _session_value(conn, backend, "idle_in_transaction_session_timeout") == "8s"
+            assert _session_value(conn, backend, "lock_timeout") == "2s"
+        elif backend == "mysql":
+            assert int(_session_value(conn, backend, "innodb_lock_wait_timeout")) == 2
+            mariadb = bool(getattr(conn.dialect, "is_mariadb", False))
+            idle = "idle_transaction_timeout" if mariadb else "wait_timeout"
+            assert int(_session_value(conn, backend, idle)) == 8
+        else:
+            pytest.skip(f"{backend}: no server-side idle-in-transaction limit to check")
+    finally:
+        relay.close()
+
+
+@pytest.mark.needs_server
+def test_a_frozen_transaction_is_ended_by_the_server(outbox: Outbox, backend: str) -> None:
+    """A relay connection idle inside a transaction loses it within about one lease."""
+    if backend not in ("postgresql", "mysql"):
+        pytest.skip(f"{backend}: no idle-in-transaction limit")
+    enqueue_many(outbox, 3)
+    relay = outbox.relay(SwitchBroker(), lease=1)
+    conn = relay.conn
+    d = outbox.dialect
+    d.prepare(conn)
+    conn.begin()
+    held = d.claim(conn, limit=10, lease=30, token="frozen", ordered=False)  # not committed
+    assert len(held) == 3
+    time.sleep(3.5)  # the relay "freezes" for longer than its lease
+    with connection(outbox) as other:
+        taken = d.claim(other, limit=10, lease=30, token="b", ordered=False)
+    assert sorted(e.id for e in taken) == sorted(e.id for e in held)
+    with pytest.raises(sa.exc.DBAPIError):
+        conn.execute(sa.select(1))
+    relay.close()
