@@ -8,6 +8,7 @@ masked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
+from brokers.base import create_broker
 from outbox_core.clitools import DIALECT_NAMES, handle_errors
 from outbox_core.config import Settings, load_settings, mask_url, parse_duration, redact
 from outbox_core.errors import ConfigurationError
@@ -239,6 +241,11 @@ def render_status(status: Status) -> str:
         f"last minute: {status.created_last_minute} in, {status.sent_last_minute} out"
         f" ({status.created_last_minute / 60:.1f}/s in, {status.sent_last_minute / 60:.1f}/s out)"
     )
+    lines.append(f"last sent: {_format_age(status.last_sent_age)} ago")
+    if status.broker is not None:
+        b = status.broker
+        state = "up" if b["up"] else f"DOWN: {b['error']}"
+        lines.append(f"broker {b['url']}: {state}")
     if status.dead:
         lines.append("")
         lines.append("dead events by topic:")
@@ -248,17 +255,35 @@ def render_status(status: Status) -> str:
     return "\n".join(lines)
 
 
+def _probe_broker(url: str) -> dict[str, Any]:
+    """Whether the broker answers (connecting only: nothing is published)."""
+    broker = create_broker(url)
+    try:
+        problem = broker.probe()
+    finally:
+        broker.close()
+    return {"url": mask_url(url), "up": problem is None, "error": problem}
+
+
 @main.command()
 @db_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
+@click.option(
+    "--broker",
+    "broker_url",
+    help="Also probe this broker (up or down, and why) [env OUTBOX_BROKER_URL].",
+)
 @handle_errors
 def status(config_file: str | None, as_json: bool, watch: float | None, **values: Any) -> None:
-    """Counts per state, oldest pending age, rates, dead events per topic."""
-    outbox = _outbox(_settings(config_file, **values))
+    """Counts per state, oldest pending age, rates, dead events per topic, the broker."""
+    settings = _settings(config_file, **values)
+    outbox = _outbox(settings)
     try:
         while True:
             result = outbox.status()
+            if settings.broker_url:
+                result = dataclasses.replace(result, broker=_probe_broker(settings.broker_url))
             text = json.dumps(result.as_dict()) if as_json else render_status(result)
             if watch is None:
                 click.echo(text)

@@ -98,6 +98,10 @@ class Status:
     #: Events created / sent in the last 60 seconds (sent: not counted with delete-on-send).
     created_last_minute: int = 0
     sent_last_minute: int = 0
+    #: Seconds since the newest ``sent_at`` (None: nothing sent, or delete-on-send).
+    last_sent_age: float | None = None
+    #: ``outbox status --broker``: ``{"url", "up", "error"}`` from a probe of the broker.
+    broker: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -297,7 +301,7 @@ class Outbox:
             for state, n in conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)):
                 counts[State(state).name.lower()] = int(n)
             minute_ago = self.dialect.after(-60)
-            oldest, now, created, sent = conn.execute(
+            oldest, now, created, sent, last_sent = conn.execute(
                 sa.select(
                     sa.select(sa.func.min(t.c.created_at))
                     .where(t.c.state == int(State.PENDING))
@@ -307,6 +311,9 @@ class Outbox:
                     .where(t.c.created_at >= minute_ago)
                     .scalar_subquery(),
                     sa.select(sa.func.count()).where(t.c.sent_at >= minute_ago).scalar_subquery(),
+                    sa.select(sa.func.max(t.c.sent_at))
+                    .where(t.c.state == int(State.SENT))
+                    .scalar_subquery(),
                 )
             ).one()
             newest_dead = (
@@ -320,9 +327,11 @@ class Outbox:
                 .join_from(newest_dead, t, t.c.id == newest_dead.c.last)
                 .order_by(newest_dead.c.n.desc())
             ).all()
-        age = None
+        age = since_sent = None
         if oldest is not None:
             age = max(0.0, (_aware(now) - _aware(oldest)).total_seconds())
+        if last_sent is not None:
+            since_sent = max(0.0, (_aware(now) - _aware(last_sent)).total_seconds())
         dead = [DeadTopic(r[0], int(r[1]), r[2]) for r in dead_rows]
         return Status(
             counts=counts,
@@ -330,6 +339,7 @@ class Outbox:
             dead=dead,
             created_last_minute=int(created or 0),
             sent_last_minute=int(sent or 0),
+            last_sent_age=since_sent,
         )
 
     def cleanup(

@@ -61,7 +61,7 @@ log = logging.getLogger("outbox.relay")
 
 #: First and longest wait between broker probes while the broker is down.
 PROBE_FIRST = 0.5
-PROBE_MAX = 10.0
+PROBE_MAX = 5.0
 #: A batch whose lease is older than this share of it is renewed before publishing.
 REVALIDATE_AFTER = 0.5
 #: Batches in flight have their lease renewed once this share of it has passed...
