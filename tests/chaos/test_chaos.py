@@ -4,8 +4,10 @@ Four ``outbox relay --ordered`` processes publish to RabbitMQ while a producer
 commits events over many keys; every other relay started claims runs of up to
 ``RUN_LENGTH`` events per key (``--run-length``), the others heads only, so
 both claim paths run against each other. About every second a random relay is killed
-with SIGKILL and started again; once, mid-run, RabbitMQ closes every client
-connection (``rabbitmqctl close_all_connections``). A consumer (manual acks,
+with SIGKILL and started again; once, a third of the way in, RabbitMQ closes
+every client connection (``rabbitmqctl close_all_connections``), and halfway
+through the relays' TCP proxy to RabbitMQ is cut for ``OUTBOX_CHAOS_OUTAGE``
+seconds (30) while the producer and the kills go on. A consumer (manual acks,
 reconnecting) logs what arrives. Then:
 
 * every committed event id arrived (none lost);
@@ -36,10 +38,11 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_core import Outbox, State
-from tests.contract.broker_fixtures import RabbitState
+from tests.contract.broker_fixtures import RabbitState, TcpProxy
 
 EVENTS = int(os.environ.get("OUTBOX_CHAOS_EVENTS", "20000"))
 KEYS = int(os.environ.get("OUTBOX_CHAOS_KEYS", "200"))
+OUTAGE = float(os.environ.get("OUTBOX_CHAOS_OUTAGE", "30"))
 RELAYS = 4
 RUN_LENGTH = 5
 PER_TRANSACTION = 20
@@ -166,6 +169,7 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
         OUTBOX_POLL_INTERVAL="0.05",
         OUTBOX_MAX_POLL_INTERVAL="0.5",
     )
+    proxy = TcpProxy("127.0.0.1", int(rabbit.url.rsplit(":", 1)[1].split("/")[0]))
     args = [
         sys.executable,
         "-m",
@@ -176,7 +180,7 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
         "--table",
         outbox.table.name,
         "--broker",
-        rabbit.url,
+        proxy.url(rabbit.url),
         "--broker-option",
         f"exchange={rabbit.exchange}",
         "--broker-option",
@@ -202,6 +206,7 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
 
     kills = 0
     dropped = False
+    cut: threading.Timer | None = None
     deadline = time.monotonic() + 600
     try:
         while time.monotonic() < deadline:
@@ -212,10 +217,17 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
             if not produced.is_set() or len(arrived) < len(committed) * 0.9:
                 relays.kill_one(rng)
                 kills += 1
-            if not dropped and len(committed) > EVENTS // 2:
+            if not dropped and len(committed) > EVENTS // 3:
                 dropped = close_all_rabbitmq_connections()
+            if cut is None and len(committed) > EVENTS // 2:
+                proxy.down()  # the broker is gone for OUTAGE seconds
+                cut = threading.Timer(OUTAGE, proxy.up)
+                cut.start()
     finally:
+        if cut is not None:
+            cut.join()
         exit_codes = relays.stop()
+        proxy.close()
         consumer.stop.set()
         consumer_thread.join(10)
         producer.join(60)
@@ -240,7 +252,8 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
         states = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
     print(
         f"\nchaos[{backend}]: events {len(committed)}, keys {KEYS}, relays {RELAYS}, "
-        f"kills {kills}, rabbitmq connections dropped: {dropped}, consumer reconnects "
+        f"kills {kills}, rabbitmq connections dropped: {dropped}, broker cut for "
+        f"{OUTAGE:.0f}s: {cut is not None}, consumer reconnects "
         f"{consumer.reconnects}, delivered {len(first)}, duplicates {duplicates}, lost "
         f"{len(lost)}, order violations {len(violations)}, time {elapsed:.1f}s, "
         f"table { ({State(s).name: n for s, n in states.items()}) }"
@@ -250,6 +263,8 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
     assert not violations, f"per-key order broken: {violations[:5]}"
     assert first <= committed.keys(), "an event that was never committed arrived"
     assert kills >= 3
+    assert cut is not None, "the broker outage never happened"
+    assert states.get(int(State.DEAD), 0) == 0
     assert exit_codes == [0] * len(exit_codes), exit_codes
     if shutil.which("rabbitmqctl"):
         assert dropped, "rabbitmqctl close_all_connections failed"

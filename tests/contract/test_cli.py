@@ -168,3 +168,22 @@ def test_cleanup_removes_old_inbox_records(outbox: Outbox, db_url: str) -> None:
     result = run(*args, "--inbox-older-than", "0")
     assert result.returncode == 0, result.stderr
     assert "removed 1 inbox records" in result.stdout
+
+
+@pytest.mark.needs_server
+def test_status_broker_says_whether_the_broker_answers(outbox: Outbox, db_url: str) -> None:
+    from tests.contract.broker_fixtures import require_rabbitmq, unused_port
+
+    url = require_rabbitmq()
+    table = outbox.table.name
+    up = run("status", "--db", db_url, "--table", table, "--broker", url)
+    assert up.returncode == 0, up.stderr
+    assert "broker amqp://guest:***@" in up.stdout and ": up" in up.stdout, up.stdout
+    assert "last sent: -" in up.stdout
+    down_url = f"amqp://guest:guest@127.0.0.1:{unused_port()}/%2F"
+    down = run("status", "--db", db_url, "--table", table, "--broker", down_url, "--json")
+    assert down.returncode == 0, down.stderr
+    broker = json.loads(down.stdout)["broker"]
+    assert broker["up"] is False
+    assert "refused" in broker["error"].lower()
+    assert "guest:guest" not in down.stdout  # the password is masked

@@ -130,7 +130,7 @@ def test_relay_process_delivers_every_committed_event_in_key_order(
 
 
 @pytest.mark.needs_server
-def test_relay_retries_while_rabbitmq_is_down_and_delivers_when_it_is_back(
+def test_relay_spends_no_attempt_while_rabbitmq_is_down_and_delivers_when_it_is_back(
     outbox: Outbox, rabbit: RabbitState
 ) -> None:
     with outbox.engine.begin() as conn:
@@ -144,13 +144,16 @@ def test_relay_retries_while_rabbitmq_is_down_and_delivers_when_it_is_back(
     relay = outbox.relay(broker, ordered=True, backoff_base=0, reap_interval=0, cleanup_after=0)
     try:
         result = relay.run_once()
-        assert (result.claimed, result.sent, result.retried) == (1, 0, 1)
+        assert (result.claimed, result.sent, result.retried) == (1, 0, 0)
+        assert (result.unavailable, result.released) == (1, 1)
+        assert relay.broker_state.up is False
+        assert relay.broker_state.error
         t = outbox.table
         with outbox.engine.connect() as conn:
             row: Any = conn.execute(sa.select(t).where(t.c.event_id == ids[0])).one()
         assert row.state == State.PENDING
-        assert row.attempts == 1
-        assert row.last_error
+        assert row.attempts == 0  # an outage is not the event's failure
+        assert relay.run_once().claimed == 0  # no claims while the broker is down
         assert rabbit.drain() == []
 
         proxy.target = (host or "127.0.0.1", int(port or 5672))  # the broker is back
@@ -163,6 +166,9 @@ def test_relay_retries_while_rabbitmq_is_down_and_delivers_when_it_is_back(
         rabbit.drain()
         arrived = [p.message_id for p, _ in rabbit.messages]
         assert arrived == ids  # all of them, in key order
+        assert relay.broker_state.up is True
+        with outbox.engine.connect() as conn:
+            assert set(conn.execute(sa.select(t.c.attempts)).scalars()) == {1}
     finally:
         relay.close()
         proxy.close()

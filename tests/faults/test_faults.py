@@ -392,16 +392,19 @@ def test_relay_frozen_inside_a_claim_loses_its_rows_within_the_lease(
     (faults / "freeze-claim").touch()  # the victim's first claim holds its rows, frozen
     env = relay_env(OUTBOX_FAULT_SINK=str(sink_file), OUTBOX_FAULT_DIR=str(faults))
     committed = produce(outbox, 200)
-    args = relay_args(
-        db_url, outbox.table.name, SINK_BROKER, "--lease", f"{lease}s", "--batch-size", "100",
-        frozen=True,
-    )  # fmt: skip
-    victim = Child(args, env, tmp_path / "victim.log")
+    knobs = ("--lease", f"{lease}s", "--batch-size", "100")
+    victim = Child(
+        relay_args(db_url, outbox.table.name, SINK_BROKER, *knobs, frozen=True),
+        env,
+        tmp_path / "victim.log",
+    )
     other: Child | None = None
     try:
         assert victim.wait_stopped(30), victim.text()
         frozen_at = time.monotonic()
-        other = Child(args[:1] + ["-m", "outbox_core.cli"] + args[3:], env, tmp_path / "other.log")
+        other = Child(
+            relay_args(db_url, outbox.table.name, SINK_BROKER, *knobs), env, tmp_path / "other.log"
+        )
         all_sent = wait_for(
             lambda: {e for e, _, _ in sink.read(str(sink_file))} >= set(committed), 60
         )
