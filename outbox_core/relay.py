@@ -417,10 +417,12 @@ class Relay:
             return False
         error = self._probe()
         self.last_cycle_at = time.time()  # probing is what the loop does while the broker is down
+        # The backoff grows with every probe and starts over only once a batch
+        # goes through: a broker that answers probes but fails batches is not hammered.
+        self._probe_in = min(self._probe_in * 2, PROBE_MAX)
         if error is None:
             self._broker_changed(BrokerState(up=True))
             return True
-        self._probe_in = min(self._probe_in * 2, PROBE_MAX)
         self._probe_at = time.monotonic() + self._probe_in * random.uniform(0.8, 1.0)
         self.broker_state = dataclasses.replace(self.broker_state, error=error)
         log.debug("broker still unavailable: %s", error)
@@ -437,14 +439,11 @@ class Relay:
         """An ``unavailable`` outcome opens the breaker: stop claiming, probe with backoff."""
         error = next((o.error for o in outcomes if o is not None and o.is_unavailable), None)
         if error is None:
-            if not self.broker_state.up:
-                self._broker_changed(BrokerState(up=True))
+            if any(o is not None for o in outcomes):
+                self._probe_in = PROBE_FIRST  # a batch went through: the next outage starts over
             return
         if self.broker_state.up:
             self._broker_changed(BrokerState(up=False, error=error))
-            self._probe_in = PROBE_FIRST
-        else:  # the first batch after a good probe failed again: back off further
-            self._probe_in = min(self._probe_in * 2, PROBE_MAX)
         self._probe_at = time.monotonic() + self._probe_in
 
     def _broker_changed(self, state: BrokerState) -> None:

@@ -208,3 +208,33 @@ def test_a_frozen_transaction_is_ended_by_the_server(outbox: Outbox, backend: st
     with pytest.raises(sa.exc.DBAPIError):
         conn.execute(sa.select(1))
     relay.close()
+
+
+def test_a_broker_that_answers_probes_but_fails_batches_is_tried_less_and_less(
+    outbox: Outbox,
+) -> None:
+    """Half-open: a good probe lets one batch through; if it fails, the backoff keeps growing."""
+    enqueue_many(outbox, 3)
+
+    class Flaky(SwitchBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tries: list[float] = []
+
+        def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+            self.tries.append(time.monotonic())
+            return [Outcome.unavailable("connection reset mid-request")] * len(events)
+
+    broker = Flaky()
+    relay = outbox.relay(broker, reap_interval=0, cleanup_after=0)
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        relay.run_once()
+        time.sleep(0.02)
+    gaps = [b - a for a, b in zip(broker.tries, broker.tries[1:], strict=False)]
+    # 0.5 s, then about 1 s, then about 2 s: not a retry every 0.5 s.
+    assert 3 <= len(broker.tries) <= 4, gaps
+    assert gaps == sorted(gaps), gaps
+    assert gaps[-1] > 0.75, gaps
+    assert [r.attempts for r in rows(outbox)] == [0] * 3
+    relay.close()
