@@ -660,35 +660,43 @@ class Dialect(ABC):
         """``id IN (...)``; PostgreSQL overrides it with one array parameter."""
         return self.table.c.id.in_(list(ids))
 
-    def owned(self, ids: Sequence[int], token: str) -> sa.ColumnElement[bool]:
+    def owned(
+        self, ids: Sequence[int], token: str, *, or_dead: bool = False
+    ) -> sa.ColumnElement[bool]:
         """Rows among ``ids`` still held by ``token``.
 
         ``reap`` keeps the owner on expired leases, so a slow relay can still
         settle an expired lease nobody re-claimed; a new claim changes the
-        owner and fences the old one out.
+        owner and fences the old one out. ``or_dead``: also a row the reaper
+        made dead under this token (nobody claimed it since).
         """
         t = self.table
+        states = [*_ACTIVE, State.DEAD] if or_dead else _ACTIVE
         return sa.and_(
             self.id_in(ids),
             t.c.lease_owner == token,
-            t.c.state.in_([int(s) for s in _ACTIVE]),
+            t.c.state.in_([int(s) for s in states]),
         )
 
     def mark_sent(self, conn: Connection, ids: Sequence[int], *, token: str, delete: bool) -> int:
         """Mark published events sent (or delete them); return the rows changed.
 
         A count below ``len(ids)`` means those leases were lost to another relay.
+        An event the reaper made dead while its relay was publishing it (its
+        lease ran out on its last attempt) is marked sent too: the broker
+        confirmed it, and a confirmed event never stays dead.
         """
         if not ids:
             return 0
         t = self.table
+        mine = self.owned(ids, token, or_dead=True)
         stmt: sa.Delete | sa.Update
         if delete:
-            stmt = sa.delete(t).where(self.owned(ids, token))
+            stmt = sa.delete(t).where(mine)
         else:
             stmt = (
                 sa.update(t)
-                .where(self.owned(ids, token))
+                .where(mine)
                 .values(
                     state=int(State.SENT), sent_at=self.now(), lease_owner=None, lease_until=None
                 )
@@ -736,6 +744,25 @@ class Dialect(ABC):
                 lease_owner=None,
                 lease_until=None,
             )
+        )
+        with self.transaction(conn):
+            return conn.execute(stmt).rowcount
+
+    def forgive(self, conn: Connection, ids: Sequence[int]) -> int:
+        """Take back the attempt of published events whose lease was lost before marking.
+
+        Another relay re-claimed them (and counted an attempt of its own): the
+        lost lease's attempt delivered, so it is no failure and must not bring
+        the event closer to dead. Touches only the counter of rows still
+        unsent; returns the rows changed.
+        """
+        if not ids:
+            return 0
+        t = self.table
+        stmt = (
+            sa.update(t)
+            .where(self.id_in(ids), t.c.state.in_([int(s) for s in _ACTIVE]), t.c.attempts > 0)
+            .values(attempts=t.c.attempts - 1)
         )
         with self.transaction(conn):
             return conn.execute(stmt).rowcount

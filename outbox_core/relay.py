@@ -577,6 +577,10 @@ class Relay:
                 sent = self.dialect.mark_sent(
                     self.conn, ok, token=token, delete=self.settings.delete_on_send
                 )
+            if sent < len(ok):
+                # Delivered, but re-claimed first: that attempt was no failure.
+                with translate_errors("forgive"):
+                    self.dialect.forgive(self.conn, ok)
             with translate_errors("mark_failed"):
                 failed = self.dialect.mark_failed(self.conn, failures, token=token)
             released = 0

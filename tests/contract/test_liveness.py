@@ -238,3 +238,44 @@ def test_a_broker_that_answers_probes_but_fails_batches_is_tried_less_and_less(
     assert gaps[-1] > 0.75, gaps
     assert [r.attempts for r in rows(outbox)] == [0] * 3
     relay.close()
+
+
+def test_a_lease_lost_after_delivery_costs_no_attempt(outbox: Outbox) -> None:
+    """Relay A publishes; before it marks, its lease is reaped and B re-claims the event."""
+    enqueue_many(outbox, 1)
+    d = outbox.dialect
+    t = outbox.table
+    taken: list[Event] = []
+
+    class Stolen(SwitchBroker):
+        def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+            with connection(outbox) as other:
+                with other.begin():
+                    other.execute(sa.update(t).values(lease_until=d.after(-5)))
+                d.reap(other, max_attempts=10)
+                taken.extend(d.claim(other, limit=10, lease=30, token="b", ordered=False))
+            return [Outcome.ok()] * len(events)
+
+    relay = outbox.relay(Stolen(), reap_interval=0, cleanup_after=0)
+    result = relay.run_once()
+    relay.close()
+    assert (result.sent, result.lease_lost) == (0, 1)
+    assert [e.attempts for e in taken] == [2]  # B counted its own attempt on top of A's
+    [row] = rows(outbox)
+    assert (row.state, row.lease_owner, row.attempts) == (State.LEASED, "b", 1)
+
+
+def test_a_confirmed_event_the_reaper_made_dead_is_marked_sent(outbox: Outbox) -> None:
+    """Its last attempt's lease ran out while the broker was confirming it."""
+    enqueue_many(outbox, 1)
+    d = outbox.dialect
+    t = outbox.table
+    with connection(outbox) as conn:
+        [event] = d.claim(conn, limit=1, lease=30, token="a", ordered=False)
+        with conn.begin():
+            conn.execute(sa.update(t).values(lease_until=d.after(-5)))
+        assert d.reap(conn, max_attempts=1) == 1
+        assert [r.state for r in rows(outbox)] == [State.DEAD]
+        assert d.mark_sent(conn, [event.id], token="a", delete=False) == 1
+        assert d.mark_sent(conn, [event.id], token="other", delete=False) == 0
+    assert [r.state for r in rows(outbox)] == [State.SENT]
