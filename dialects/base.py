@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.dml import Insert
 
-from outbox_core.errors import UnknownDialect
-from outbox_core.message import Event, Failure, NewEvent, State
+from outbox_core.errors import PayloadError, UnknownDialect
+from outbox_core.message import Event, Failure, NewEvent, State, find_in_json
 from outbox_core.schema import OutboxTables
 
 #: Longest error text kept in ``last_error``.
@@ -170,6 +170,63 @@ class Dialect(ABC):
         with self.transaction(conn):
             self.tables.create_all(conn)
 
+    # -- what this database can store (enqueue and migrate) ------------------
+
+    #: ``enqueue`` binds payload and headers as the JSON text it already
+    #: serialised (UTF-8) instead of letting the driver serialise them again
+    #: (as ASCII with ``\\uXXXX`` escapes: three times the size for non-Latin text).
+    json_as_text: ClassVar[bool] = False
+
+    def text_problem(self, name: str, value: str) -> str | None:
+        """Why this database cannot store the text ``value`` of ``name``, or None.
+
+        Every database: a lone surrogate is not Unicode. Dialects add their own
+        rules (PostgreSQL: no NUL).
+        """
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{name} contains a lone surrogate (not valid Unicode)"
+        return None
+
+    def json_suspect(self, text: str) -> bool:
+        """Fast pre-check of serialised JSON: might :meth:`text_problem` refuse part of it?"""
+        return False
+
+    def json_problem(self, name: str, value: Any) -> str | None:
+        """The first string (or key) of a JSON value this database cannot store, named."""
+        return find_in_json(value, name, self.text_problem)
+
+    def read_server_limits(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Read what the server allows (once, before the first enqueue); MySQL: packet size."""
+
+    def size_problem(self, event: NewEvent) -> str | None:
+        """Why ``event`` is too large for this server, or None (see :meth:`read_server_limits`)."""
+        return None
+
+    def check_event(self, event: NewEvent) -> None:
+        """Raise :class:`PayloadError` when this database cannot store ``event``.
+
+        Runs in ``enqueue`` before anything is written, so the caller's
+        transaction stays usable (a refused statement aborts a PostgreSQL
+        transaction).
+        """
+        for name, text in (("topic", event.topic), ("key", event.key)):
+            problem = self.text_problem(name, text) if text is not None else None
+            if problem:
+                raise PayloadError(problem)
+        for name, value, serialised in (
+            ("payload", event.payload, event.payload_json),
+            ("headers", event.headers, event.headers_json),
+        ):
+            if serialised and self.json_suspect(serialised):
+                problem = self.json_problem(name, value)
+                if problem:
+                    raise PayloadError(problem)
+        problem = self.size_problem(event)
+        if problem:
+            raise PayloadError(problem)
+
     # -- enqueue --------------------------------------------------------------
 
     def with_wake_up(self, insert: Insert, *, notify: bool) -> sa.Executable:
@@ -185,6 +242,7 @@ class Dialect(ABC):
         """
         t = self.table
         now = self.clock()
+        json_type = sa.UnicodeText() if self.json_as_text else t.c.payload.type
         # inline(): no implicit RETURNING id, which enqueue never reads.
         return (
             sa.insert(t)
@@ -193,8 +251,8 @@ class Dialect(ABC):
                 event_id=sa.bindparam("o_event_id", type_=t.c.event_id.type),
                 topic=sa.bindparam("o_topic", type_=t.c.topic.type),
                 key=sa.bindparam("o_key", type_=t.c.key.type),
-                payload=sa.bindparam("o_payload", type_=t.c.payload.type),
-                headers=sa.bindparam("o_headers", type_=t.c.headers.type) if headers else None,
+                payload=sa.bindparam("o_payload", type_=json_type),
+                headers=sa.bindparam("o_headers", type_=json_type) if headers else None,
                 state=int(State.PENDING),
                 attempts=0,
                 available_at=self.after(delay) if delay else now,
@@ -222,14 +280,15 @@ class Dialect(ABC):
                 insert = self.prepared_insert(headers=headers)
                 cached = self._prepared[notify, headers] = self.with_wake_up(insert, notify=notify)
             stmt = cached
+        as_text = self.json_as_text
         params: dict[str, Any] = {
             "o_event_id": event.event_id,
             "o_topic": event.topic,
             "o_key": event.key,
-            "o_payload": event.payload,
+            "o_payload": event.payload_json if as_text else event.payload,
         }
         if headers:
-            params["o_headers"] = event.headers
+            params["o_headers"] = event.headers_json if as_text else event.headers
         params.update(self.clock_params())
         return stmt, params
 

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from dialects.base import Dialect, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.message import Event
+from outbox_core.message import Event, NewEvent
 
 MYSQL_MIN = (8, 0, 1)
 MARIADB_MIN = (10, 6)
@@ -46,6 +46,37 @@ class MysqlDialect(Dialect):
     #: Set by :meth:`limit_session` on MySQL, whose ``wait_timeout`` also ends
     #: a relay's idle (not only idle-in-transaction) sessions.
     ends_idle_sessions: bool = False
+    #: Payloads are stored as UTF-8 JSON text. SQLAlchemy's default serialiser
+    #: writes ASCII with ``\\uXXXX`` escapes, which MariaDB (JSON = LONGTEXT)
+    #: keeps as they are: three times the bytes for Cyrillic or CJK text.
+    json_as_text: ClassVar[bool] = True
+    #: ``@@max_allowed_packet`` of the server, read before the first enqueue.
+    max_packet: int | None = None
+    #: Bytes of an enqueue INSERT besides payload and headers (columns, quoting), generously.
+    INSERT_OVERHEAD: ClassVar[int] = 4096
+
+    def read_server_limits(self, conn: Connection) -> None:
+        """``@@max_allowed_packet``: a statement larger than it is refused by the server."""
+        if self.max_packet is None:
+            self.max_packet = int(
+                conn.execute(sa.select(sa.literal_column("@@max_allowed_packet"))).scalar_one()
+            )
+
+    def size_problem(self, event: NewEvent) -> str | None:
+        """The INSERT (payload, headers and the rest) must fit in ``max_allowed_packet``."""
+        if self.max_packet is None:
+            return None
+        size = len(event.payload_json.encode("utf-8")) + len(
+            (event.headers_json or "").encode("utf-8")
+        )
+        if size + self.INSERT_OVERHEAD <= self.max_packet:
+            return None
+        return (
+            f"payload is {size:,} bytes as UTF-8 JSON; this server's max_allowed_packet is "
+            f"{self.max_packet:,} bytes and the whole INSERT must fit in it: raise "
+            "max_allowed_packet on the server, or store the body elsewhere and enqueue a "
+            "reference to it"
+        )
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``UTC_TIMESTAMP(6)``: ``NOW()`` would follow the session's time zone."""

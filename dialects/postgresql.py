@@ -70,6 +70,16 @@ class PostgresqlDialect(ReturningDialect):
                 "(MATERIALIZED common table expressions with FOR UPDATE SKIP LOCKED)"
             )
 
+    def text_problem(self, name: str, value: str) -> str | None:
+        """Also refused: NUL (``\\u0000``), which neither text nor jsonb can hold."""
+        if "\x00" in value:
+            return f"{name} contains a NUL character (\\u0000), which PostgreSQL cannot store"
+        return super().text_problem(name, value)
+
+    def json_suspect(self, text: str) -> bool:
+        """JSON text writes NUL as ``\\u0000``."""
+        return "\\u0000" in text
+
     def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
         """``idle_in_transaction_session_timeout`` and ``lock_timeout`` on a relay connection.
 

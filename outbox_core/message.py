@@ -6,7 +6,7 @@ import enum
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +33,10 @@ class NewEvent:
     key: str | None = None
     headers: Mapping[str, str] | None = None
     delay_seconds: float = 0.0
+    #: ``payload`` as JSON text (UTF-8, not ASCII escapes): what the database stores.
+    payload_json: str = ""
+    #: ``headers`` likewise (None without headers).
+    headers_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,8 @@ class CycleResult:
 
 
 MAX_TOPIC = 255
+#: An AMQP routing key (the topic, by default) is a "shortstr": 255 bytes.
+MAX_TOPIC_BYTES = 255
 MAX_KEY = 255
 
 
@@ -160,12 +166,21 @@ def build_new_event(
         raise EventError("topic must be a non-empty string")
     if len(topic) > MAX_TOPIC:
         raise EventError(f"topic is {len(topic)} characters long; the limit is {MAX_TOPIC}")
+    _check_text(topic, "topic")
+    # The topic is the default AMQP routing key, a "shortstr" of at most 255 bytes.
+    topic_bytes = len(topic.encode("utf-8"))
+    if topic_bytes > MAX_TOPIC_BYTES:
+        raise EventError(
+            f"topic is {topic_bytes} bytes in UTF-8; the limit is {MAX_TOPIC_BYTES} bytes "
+            "(an AMQP routing key), so non-ASCII topics hold fewer characters"
+        )
     if key is not None:
         if not isinstance(key, str) or not key:
             raise EventError("key must be a non-empty string or None")
         if len(key) > MAX_KEY:
             raise EventError(f"key is {len(key)} characters long; the limit is {MAX_KEY}")
-    check_json(payload, "payload")
+        _check_text(key, "key")
+    payload_json = check_json(payload, "payload")
     clean_headers: dict[str, str] | None = None
     if headers is not None:
         if not isinstance(headers, Mapping):
@@ -189,7 +204,16 @@ def build_new_event(
         key=key,
         headers=clean_headers,
         delay_seconds=seconds,
+        payload_json=payload_json,
+        headers_json=None if clean_headers is None else check_json(clean_headers, "headers"),
     )
+
+
+def _check_text(value: str, name: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EventError(f"{name} contains a lone surrogate (not valid Unicode)") from None
 
 
 def _delay_seconds(delay: float | timedelta | None) -> float:
@@ -207,17 +231,60 @@ def _delay_seconds(delay: float | timedelta | None) -> float:
     return float(seconds)
 
 
-def check_json(value: Any, name: str) -> None:
-    """Raise :class:`PayloadError` naming the first field of ``value`` JSON cannot encode.
+def dump_json(value: Any) -> str:
+    """``value`` as JSON text: UTF-8 characters, not ``\\uXXXX`` escapes; NaN refused."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
-    The fast path is one ``json.dumps``; the walk that finds the field only
-    runs when it fails.
+
+def check_json(value: Any, name: str) -> str:
+    """``value`` as JSON text; :class:`PayloadError` naming the first field that is not JSON.
+
+    Refused as well: text with a lone surrogate (half of a UTF-16 pair), which
+    is not Unicode and which no database stores. The fast path is one
+    ``json.dumps``; the walk that finds the field runs only when it fails.
     """
     try:
-        json.dumps(value, allow_nan=False)
+        text = dump_json(value)
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        found = find_in_json(value, name, _surrogate)
+        raise PayloadError(found or f"{name}: contains a lone surrogate") from exc
     except (TypeError, ValueError, RecursionError) as exc:
         path, reason = _find_bad(value, name, set())
         raise PayloadError(f"{path}: {reason}") from exc
+    return text
+
+
+def _surrogate(path: str, text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{path} contains a lone surrogate (not valid Unicode)"
+    return None
+
+
+def find_in_json(value: Any, path: str, problem: Callable[[str, str], str | None]) -> str | None:
+    """The first ``problem(path, text)`` of the strings (and keys) of a JSON value.
+
+    Paths read like ``payload['items'][2]`` and ``payload key 'x'``. Used by
+    the dialects' storage rules (what a database cannot store) at enqueue and
+    in ``outbox migrate``.
+    """
+    if isinstance(value, str):
+        return problem(path, value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = (isinstance(k, str) and problem(f"{path} key {k!r}", k)) or find_in_json(
+                v, f"{path}[{k!r}]", problem
+            )
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = find_in_json(v, f"{path}[{i}]", problem)
+            if found:
+                return found
+    return None
 
 
 def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:

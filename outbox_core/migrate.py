@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 import uuid
@@ -33,11 +32,13 @@ import click
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from dialects.base import Dialect, get_dialect
 from outbox_core.config import mask_url, redact
-from outbox_core.errors import OutboxError
-from outbox_core.message import State
+from outbox_core.errors import OutboxError, PayloadError
+from outbox_core.message import NewEvent, State, check_json, dump_json
 from outbox_core.outbox import Outbox
 from outbox_core.relay import translate_errors
+from outbox_core.schema import OutboxTables
 
 #: States copied by default: pending, leased (copied as pending) and dead.
 MIGRATED_STATES: tuple[State, ...] = (State.PENDING, State.LEASED, State.DEAD)
@@ -284,6 +285,9 @@ class TargetLimits:
     """
 
     backend: str
+    #: The target's storage rules (what text it refuses, how large a statement may be);
+    #: by default the backend's dialect, without the server's limits.
+    dialect: Dialect = None  # type: ignore[assignment]  # set in __post_init__
     #: Longest value in characters per text column (None: unlimited).
     chars: dict[str, int | None] = field(default_factory=dict)
     #: Longest value in bytes per text column (MySQL TEXT types).
@@ -293,9 +297,17 @@ class TargetLimits:
     #: The target stores ``event_id`` as a native UUID.
     uuid_event_id: bool = False
 
+    def __post_init__(self) -> None:
+        if self.dialect is None:  # frozen: set the default the way dataclasses do
+            object.__setattr__(
+                self, "dialect", get_dialect(self.backend)(OutboxTables.create("outbox"))
+            )
+
     @classmethod
-    def reflect(cls, conn: Connection, table: sa.Table, backend: str) -> TargetLimits:
+    def reflect(cls, conn: Connection, table: sa.Table, dialect: Dialect) -> TargetLimits:
         """Read the limits of ``table`` on ``conn`` (which must exist)."""
+        backend = dialect.name
+        dialect.read_server_limits(conn)
         inspector = sa.inspect(conn)
         columns = {c["name"]: c for c in inspector.get_columns(table.name, schema=table.schema)}
         missing = [c for c in _COLUMNS if c not in columns]
@@ -327,7 +339,7 @@ class TargetLimits:
         uuid_id = isinstance(columns["event_id"]["type"], sa.Uuid) or (
             type(columns["event_id"]["type"]).__name__.upper() in ("UUID", "UNIQUEIDENTIFIER")
         )
-        return cls(backend, chars, max_bytes, codecs, uuid_id)
+        return cls(backend, dialect, chars, max_bytes, codecs, uuid_id)
 
     def problem(self, event: SourceEvent) -> str | None:
         """Why the target cannot store ``event`` exactly, or None when it can."""
@@ -346,6 +358,19 @@ class TargetLimits:
             found = self._json_problem(name, getattr(event, name))
             if found:
                 return found
+        try:
+            sized = NewEvent(
+                event.event_id,
+                event.topic,
+                event.payload,
+                payload_json=dump_json(event.payload),
+                headers_json=None if event.headers is None else dump_json(event.headers),
+            )
+        except (TypeError, ValueError, RecursionError):
+            return "payload cannot be written as JSON"
+        found = self.dialect.size_problem(sized)
+        if found:
+            return found
         if self.backend == "mysql":
             for name in ("available_at", "created_at", "sent_at"):
                 value = getattr(event, name)
@@ -354,12 +379,10 @@ class TargetLimits:
         return None
 
     def _text_problem(self, name: str, value: str) -> str | None:
-        try:
-            encoded = value.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{name} contains a lone surrogate (not valid Unicode)"
-        if self.backend == "postgresql" and "\x00" in value:
-            return f"{name} contains a NUL character, which PostgreSQL text cannot store"
+        found = self.dialect.text_problem(name, value)
+        if found:
+            return found
+        encoded = value.encode("utf-8")
         limit = self.chars.get(name)
         # SQL Server counts UTF-16 code units: a character outside the BMP takes two.
         length = len(value.encode("utf-16-le")) // 2 if self.backend == "mssql" else len(value)
@@ -388,14 +411,10 @@ class TargetLimits:
         if value is None or self.backend not in ("postgresql", "mysql"):
             return None
         try:
-            text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-            text.encode("utf-8")
-        except (TypeError, ValueError, RecursionError):
-            # UnicodeEncodeError is a ValueError: lone surrogates land here too.
-            return _json_walk(value, name, self.backend) or f"{name} cannot be written as JSON"
-        if self.backend == "postgresql" and "\\u0000" in text:
-            return _json_walk(value, name, self.backend)
-        return None
+            text = check_json(value, name)  # not JSON, or a lone surrogate: named
+        except PayloadError as exc:
+            return str(exc)
+        return self.dialect.json_problem(name, value) if self.dialect.json_suspect(text) else None
 
 
 def _unencodable(value: str, codec: str) -> str | None:
@@ -405,35 +424,6 @@ def _unencodable(value: str, codec: str) -> str | None:
         value.encode(codec)
     except UnicodeEncodeError as exc:
         return value[exc.start]
-    return None
-
-
-def _json_walk(value: Any, path: str, backend: str) -> str | None:
-    """Name the first part of a JSON value the target refuses."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{path} contains a lone surrogate (not valid Unicode)"
-        if backend == "postgresql" and "\x00" in value:
-            return f"{path} contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{path} is {value!r}, which JSON cannot store"
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = _json_walk(k, f"{path} key {k!r}", backend) or _json_walk(
-                v, f"{path}[{k!r}]", backend
-            )
-            if found:
-                return found
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            found = _json_walk(v, f"{path}[{i}]", backend)
-            if found:
-                return found
-    elif value is not None and not isinstance(value, bool | int | float):
-        return f"{path} holds a {type(value).__name__}, which is not JSON"
     return None
 
 
@@ -638,7 +628,7 @@ def _prepare(source: Outbox, target: Outbox, *, force: bool, warnings: list[str]
         target.dialect.check(conn)
         if not _has_table(conn, target.table):
             raise MigrationRefused(_missing_table_problem(target, "target"))
-        return TargetLimits.reflect(conn, target.table, target.dialect.name)
+        return TargetLimits.reflect(conn, target.table, target.dialect)
 
 
 # -- migrate -----------------------------------------------------------------------------
@@ -820,9 +810,7 @@ def plan(
             target.dialect.check(conn)
             exists = _has_table(conn, target.table)
             target_counts = _counts(conn, target.table) if exists else None
-            limits = (
-                TargetLimits.reflect(conn, target.table, target.dialect.name) if exists else None
-            )
+            limits = TargetLimits.reflect(conn, target.table, target.dialect) if exists else None
         result = MigrationPlan(
             _describe(source),
             _describe(target),

@@ -25,7 +25,7 @@ from dialects.base import Dialect, get_dialect
 from outbox_core import tracing
 from outbox_core.config import Settings, mask_url
 from outbox_core.errors import ConfigurationError
-from outbox_core.message import State, build_new_event
+from outbox_core.message import NewEvent, State, build_new_event
 from outbox_core.relay import Relay, translate_errors
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
@@ -132,6 +132,7 @@ class Outbox:
         self._engine: Engine | None = None
         self._owns_engine = False
         self._engine_options = dict(engine_options or {})
+        self._limits_read = False
         #: PostgreSQL: ``enqueue`` sends NOTIFY in the caller's transaction. Turn it
         #: off under very heavy write load (NOTIFY takes a global lock at commit).
         self.notify = notify
@@ -227,6 +228,7 @@ class Outbox:
         headers = tracing.with_trace_context(headers)
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
         bind = conn if isinstance(conn, Connection) else conn.connection()
+        self._check_event(bind, event)
         first = _first_in_transaction(bind, self)
         # The first event of a transaction also carries the wake-up (NOTIFY), in
         # the same statement: no extra round trip.
@@ -256,10 +258,25 @@ class Outbox:
             )
         headers = tracing.with_trace_context(headers)
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
+        if not self._limits_read:
+            await conn.run_sync(lambda sync: self._read_limits(sync))
+        self.dialect.check_event(event)
         # PostgreSQL folds repeated notifications of one transaction into one.
         stmt, params = self.dialect.enqueue_call(event, notify=self.notify)
         await conn.execute(stmt, params)
         return event.event_id
+
+    def _check_event(self, conn: Connection, event: NewEvent) -> None:
+        """What this database cannot store is refused before anything is written."""
+        if not self._limits_read:
+            self._read_limits(conn)
+        self.dialect.check_event(event)
+
+    def _read_limits(self, conn: Connection | Session) -> None:
+        bind = conn if isinstance(conn, Connection) else conn.connection()
+        with translate_errors("reading the server's limits"):
+            self.dialect.read_server_limits(bind)
+        self._limits_read = True
 
     # -- relay -----------------------------------------------------------------------------
 

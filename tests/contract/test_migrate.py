@@ -519,8 +519,19 @@ def test_json_the_target_cannot_store_is_refused_naming_the_event(
     source = make("sqlite")
     target = make(backend)
     fill(source, 5, keys=2, states=False)
+    # Written past enqueue (which refuses both now): data from an older version or another tool.
+    bad = str(uuid.uuid4())
     with source.engine.begin() as conn:
-        bad = source.enqueue(conn, "t", {"lines": [{"note": value}]}, key="order-1")
+        conn.execute(
+            sa.insert(source.table).values(
+                event_id=bad,
+                topic="t",
+                key="order-1",
+                payload={"lines": [{"note": value}]},
+                available_at=datetime(2024, 1, 1),
+                created_at=datetime(2024, 1, 1),
+            )
+        )
     result = run(cli(source, target))
     if backend not in refused_by:  # SQLite and MariaDB store a NUL; SQLite a lone surrogate
         assert result.returncode == 0, result.stderr
@@ -541,3 +552,24 @@ def test_json_the_target_cannot_store_is_refused_naming_the_event(
                 created_at=datetime(2024, 1, 1),
             )
         )
+
+
+@pytest.mark.needs_server
+def test_check_only_catches_a_payload_over_the_targets_packet_limit(
+    make: Make, backend: str
+) -> None:
+    if backend != "mysql":
+        pytest.skip("max_allowed_packet is MySQL's and MariaDB's")
+    source = make("sqlite")
+    target = make(backend)
+    with target.engine.connect() as conn:
+        packet = int(conn.execute(sa.text("SELECT @@max_allowed_packet")).scalar_one())
+    fill(source, 3, keys=1, states=False)
+    with source.engine.begin() as conn:
+        big = source.enqueue(conn, "t", {"text": "ж" * (packet // 2 + 1)}, key="k")
+    check = run(cli(source, target, "--check-only"))
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert f"event {big} (source id 4) does not fit" in check.stdout
+    assert "max_allowed_packet" in check.stdout and "not ready" in check.stdout
+    error = one_error_line(run(cli(source, target)))
+    assert "max_allowed_packet" in error
