@@ -209,12 +209,21 @@ def relay(
     if metrics_port is not None:
         from outbox_core.metrics import MetricsServer
 
-        server = MetricsServer(outbox, relay, metrics_port).start()
+        try:
+            server = MetricsServer(outbox, relay, metrics_port).start()
+        except OSError as exc:
+            relay.close()
+            raise ConfigurationError(
+                f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror or exc}); "
+                "another relay or program has it: pick another port"
+            ) from None
     try:
         if once:
             result = relay.run_once()
             relay.close()
-            click.echo(json.dumps({k: v for k, v in vars(result).items() if k != "errors"}))
+            click.echo(
+                json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "errors"})
+            )
             return
         relay.run()
     finally:

@@ -39,6 +39,10 @@ class PayloadError(EventError, TypeError):
     """The payload or headers cannot be serialised to JSON; the message names the field."""
 
 
+class TableMissing(OutboxError):
+    """The outbox table does not exist on the database (``outbox install`` creates it)."""
+
+
 class DatabaseError(OutboxError):
     """A database operation failed; wraps the driver error."""
 

@@ -24,7 +24,7 @@ from brokers.base import Broker, create_broker
 from dialects.base import Dialect, get_dialect
 from outbox_core import tracing
 from outbox_core.config import Settings, mask_url
-from outbox_core.errors import ConfigurationError
+from outbox_core.errors import ConfigurationError, TableMissing
 from outbox_core.message import NewEvent, State, build_new_event
 from outbox_core.relay import Relay, translate_errors
 from outbox_core.retry import RetryPolicy
@@ -62,8 +62,10 @@ def sync_url(url: str | URL) -> URL:
     """The URL with a sync driver the toolkit supports (the relay is synchronous)."""
     try:
         parsed = make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise ConfigurationError(f"invalid database URL {mask_url(url)!r}: {exc}") from None
+    except (sa.exc.ArgumentError, ValueError) as exc:
+        # ValueError: a port that is not a number ("invalid literal for int()").
+        reason = "the port must be a number" if "int()" in str(exc) else str(exc)
+        raise ConfigurationError(f"invalid database URL {mask_url(url)!r}: {reason}") from None
     target = SYNC_DRIVERS.get(parsed.drivername)
     return parsed.set(drivername=target) if target else parsed
 
@@ -186,9 +188,21 @@ class Outbox:
     # -- setup --------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Verify the server supports the outbox; raise ``UnsupportedDatabase`` otherwise."""
+        """Verify the server supports the outbox and the table exists.
+
+        Raises ``UnsupportedDatabase`` naming the version needed, or
+        :class:`TableMissing` with the ``outbox install`` command that creates it.
+        """
         with translate_errors("check"), self.engine.connect() as conn:
             self.dialect.check(conn)
+            exists = sa.inspect(conn).has_table(self.table.name, schema=self.table.schema)
+        if not exists:
+            url = mask_url(self.url.render_as_string(hide_password=False))
+            schema = f" --schema {self.table.schema}" if self.table.schema else ""
+            raise TableMissing(
+                f"table {self.table.fullname!r} not found on {url}: run "
+                f"`outbox install --db {url} --table {self.table.name}{schema}` first"
+            )
 
     def install(self) -> None:
         """Check the server, then create the outbox and inbox tables if missing."""

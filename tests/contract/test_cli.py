@@ -187,3 +187,59 @@ def test_status_broker_says_whether_the_broker_answers(outbox: Outbox, db_url: s
     assert broker["up"] is False
     assert "refused" in broker["error"].lower()
     assert "guest:guest" not in down.stdout  # the password is masked
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), result.stderr
+    return lines[-1]
+
+
+def test_relay_once_runs_one_cycle_and_exits_0_with_its_counts(
+    outbox: Outbox, db_url: str, publisher: dict[str, str]
+) -> None:
+    with outbox.engine.begin() as conn:
+        ids = [outbox.enqueue(conn, "t", {"i": i}) for i in range(3)]
+    result = run(
+        "relay", "--once", "--db", db_url, "--table", outbox.table.name,
+        "--broker", "python://test_publisher:publish", env=publisher,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (counts["claimed"], counts["sent"], counts["unavailable"]) == (3, 3, 0)
+    assert sorted(Path(publisher["PUBLISH_LOG"]).read_text().split()) == sorted(ids)
+
+
+def test_relay_before_install_exits_2_naming_the_table_and_the_fix(
+    db_url: str, table_name: str
+) -> None:
+    started = time.monotonic()
+    result = run("relay", "--db", db_url, "--table", table_name, "--broker", "memory://")
+    error = _one_error_line(result)
+    assert time.monotonic() - started < 60
+    assert f"table '{table_name}' not found on" in error
+    assert "run `outbox install --db" in error and f"--table {table_name}`" in error
+
+
+def test_a_url_whose_port_is_not_a_number_is_one_clear_line() -> None:
+    result = run("status", "--db", "postgresql+psycopg://u:pw@host:abc/db")
+    error = _one_error_line(result)
+    assert "invalid database URL" in error and "the port must be a number" in error
+    assert "pw@" not in error
+
+
+def test_a_metrics_port_in_use_is_one_clear_line(outbox: Outbox, db_url: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(
+            "relay", "--db", db_url, "--table", outbox.table.name, "--broker", "memory://",
+            "--metrics-port", str(port),
+        )  # fmt: skip
+    error = _one_error_line(result)
+    assert f"--metrics-port {port}: cannot listen there" in error

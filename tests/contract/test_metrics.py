@@ -99,6 +99,20 @@ def test_metrics_and_health_of_a_running_relay(outbox: Outbox, db_url: str, tmp_
             health = json.loads(response.read())
         assert health["status"] == "ok"
         assert health["database"] == "ok"
+        assert health["broker"]["up"] is True
+        # The table vanishes under the running relay: /healthz says so (503, with the reason).
+        outbox.table.drop(outbox.engine)
+        status, body = 200, ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and status == 200:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=5) as response:
+                    status = response.status
+            except urllib.error.HTTPError as exc:
+                status, body = exc.code, exc.read().decode()
+            time.sleep(0.2)
+        assert status == 503
+        assert f"table '{outbox.table.name}' not found" in json.loads(body)["database"]
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
