@@ -26,8 +26,11 @@ Two content modes are provided:
 * **binary** for AMQP (:func:`amqp_binary_headers`): the body is the data
   itself, the message's content type is ``datacontenttype`` and every other
   attribute travels as an application property (an AMQP 0-9-1 header) named
-  ``cloudEvents:<attribute>``, per the CloudEvents AMQP protocol binding.
-  :func:`from_amqp_binary` reverses the mapping for consumers.
+  ``cloudEvents_<attribute>``, per the CloudEvents AMQP protocol binding,
+  which prefers the ``_`` prefix (JMS-safe, what the official SDKs write) and
+  allows ``cloudEvents:`` (the broker option ``cloudevents_prefix``).
+  :func:`from_amqp_binary` reverses the mapping for consumers and reads
+  both prefixes, as the binding asks of receivers.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ SPECVERSION = "1.0"
 JSON_CONTENT_TYPE = "application/json"
 #: Media type of the JSON event format (structured content mode).
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
-#: Prefix of CloudEvents attributes among AMQP application properties (binary mode).
-AMQP_PREFIX = "cloudEvents:"
+#: Prefix of CloudEvents attributes among AMQP application properties (binary
+#: mode): the AMQP binding's preferred, JMS-safe form.
+AMQP_PREFIX = "cloudEvents_"
+#: The other prefix the AMQP binding allows; receivers understand both.
+AMQP_PREFIXES = ("cloudEvents_", "cloudEvents:")
 #: ``source`` when none is configured.
 DEFAULT_SOURCE = "outbox"
 #: Event headers carried as CloudEvents extension attributes (Distributed Tracing).
@@ -132,14 +138,21 @@ def structured_body(event: Event, source: str = DEFAULT_SOURCE) -> bytes:
     return json_bytes(structured(event, source))
 
 
-def amqp_binary_headers(event: Event, source: str = DEFAULT_SOURCE) -> dict[str, str]:
-    """The ``cloudEvents:``-prefixed application properties of ``event`` (binary mode).
+def amqp_binary_headers(
+    event: Event, source: str = DEFAULT_SOURCE, prefix: str = AMQP_PREFIX
+) -> dict[str, str]:
+    """The prefixed application properties of ``event`` (binary mode).
 
+    ``prefix`` is ``cloudEvents_`` (default) or ``cloudEvents:``.
     ``datacontenttype`` is not among them: in binary mode it is the message's
     ``content_type`` property, and the body is the JSON of the payload.
     """
+    if prefix not in AMQP_PREFIXES:
+        raise ConfigurationError(
+            f"CloudEvents AMQP prefix must be one of {', '.join(AMQP_PREFIXES)}; got {prefix!r}"
+        )
     return {
-        AMQP_PREFIX + name: value
+        prefix + name: value
         for name, value in attributes(event, source).items()
         if name != "datacontenttype"
     }
@@ -157,10 +170,13 @@ def from_amqp_binary(
     """
     event: dict[str, Any] = {}
     for name, value in (headers or {}).items():
-        if isinstance(name, str) and name.startswith(AMQP_PREFIX):
+        prefix = next(
+            (p for p in AMQP_PREFIXES if isinstance(name, str) and name.startswith(p)), None
+        )
+        if prefix is not None:
             if isinstance(value, bytes | bytearray):
                 value = bytes(value).decode()
-            event[name[len(AMQP_PREFIX) :]] = value
+            event[name[len(prefix) :]] = value
     missing = [name for name in REQUIRED_ATTRIBUTES if name not in event]
     if missing:
         raise ValueError("not a binary-mode CloudEvent: missing " + ", ".join(missing))

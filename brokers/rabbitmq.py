@@ -47,6 +47,8 @@ durable; ``False``: passive declare, it must exist), ``routing_key`` (default
 the topic; a template such as ``orders.{topic}`` with ``{topic}``, ``{key}``,
 ``{event_id}``), ``envelope`` (``plain``, ``cloudevents``,
 ``cloudevents-binary``), ``source`` (CloudEvents source, ``outbox``),
+``cloudevents_prefix`` (binary mode's property prefix: ``cloudEvents_``, the
+binding's JMS-safe default, or ``cloudEvents:``),
 ``unroutable`` (``reject`` or ``retry``), ``confirm_timeout`` (10 s),
 ``connect_timeout`` (10 s), ``max_message_size`` (16 MiB, RabbitMQ 4's default:
 a larger body is rejected before publishing instead of closing the channel
@@ -106,6 +108,7 @@ _OPTIONS: Final = frozenset(
         "routing_key",
         "envelope",
         "source",
+        "cloudevents_prefix",
         "unroutable",
         "confirm_timeout",
         "connect_timeout",
@@ -265,6 +268,7 @@ class RabbitMQBroker(Broker):
         routing_key: str | None = None,
         envelope: str = "plain",
         source: str = cloudevents.DEFAULT_SOURCE,
+        cloudevents_prefix: str = cloudevents.AMQP_PREFIX,
         unroutable: str = "reject",
         confirm_timeout: float = 10.0,
         connect_timeout: float = 10.0,
@@ -297,6 +301,12 @@ class RabbitMQBroker(Broker):
         self.routing_key = _check_routing_key(routing_key) if routing_key is not None else None
         self.envelope = envelope
         self.source = cloudevents.check_source(source)
+        if cloudevents_prefix not in cloudevents.AMQP_PREFIXES:
+            raise ConfigurationError(
+                f"cloudevents_prefix must be one of {', '.join(cloudevents.AMQP_PREFIXES)}; "
+                f"got {cloudevents_prefix!r}"
+            )
+        self.cloudevents_prefix = cloudevents_prefix
         self.unroutable = unroutable
         self.confirm_timeout = confirm_timeout
         self.connect_timeout = connect_timeout
@@ -369,6 +379,8 @@ class RabbitMQBroker(Broker):
             kwargs["envelope"] = _as_choice(options["envelope"], "envelope", ENVELOPES)
         if "source" in options:
             kwargs["source"] = options["source"]
+        if "cloudevents_prefix" in options:
+            kwargs["cloudevents_prefix"] = str(options["cloudevents_prefix"]).strip()
         if "unroutable" in options:
             kwargs["unroutable"] = _as_choice(options["unroutable"], "unroutable", UNROUTABLE)
         for name in ("confirm_timeout", "reconnect_max"):
@@ -407,7 +419,9 @@ class RabbitMQBroker(Broker):
             body = cloudevents.json_bytes(event.payload)
             content_type = cloudevents.JSON_CONTENT_TYPE
             if self.envelope == "cloudevents-binary":
-                headers.update(cloudevents.amqp_binary_headers(event, self.source))
+                headers.update(
+                    cloudevents.amqp_binary_headers(event, self.source, self.cloudevents_prefix)
+                )
         if self.max_message_size is not None and len(body) > self.max_message_size:
             raise ValueError(
                 f"message body is {len(body)} bytes; max_message_size is {self.max_message_size}"

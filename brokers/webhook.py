@@ -13,7 +13,8 @@ specification when a ``secret`` (``whsec_<base64>``) is configured:
 * ``webhook-timestamp``: when this attempt was sent, Unix seconds,
 * ``webhook-signature``: ``v1,`` + base64 HMAC-SHA256 of ``{id}.{timestamp}.{body}``.
 
-Receivers check a request with :func:`verify`.
+Receivers check a request with :func:`brokers.signing.verify`, which imports
+nothing beyond the standard library (no httpx).
 
 Outcomes: 2xx is ``ok``; 408, 429, 5xx and a request that timed out waiting
 for its response are ``retry`` (honouring ``Retry-After``); any other status
@@ -37,35 +38,27 @@ tests).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import email.utils
-import hashlib
-import hmac
 import json
 import logging
 import ssl
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from email.message import Message
 from typing import Any, Final
 
 import httpx
 
 from brokers import cloudevents
 from brokers.base import Broker
+from brokers.signing import SIGNATURE_VERSION, decode_secret, signature
 from outbox_core.config import mask_url, parse_bool, parse_duration
-from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome
 
 log = logging.getLogger("outbox.brokers.webhook")
 
-SECRET_PREFIX: Final = "whsec_"
-SIGNATURE_VERSION: Final = "v1"
-#: Default accepted clock difference for :func:`verify`, in seconds.
-DEFAULT_TOLERANCE: Final = 300
 #: Characters of a failed response's body kept in the error.
 ERROR_BODY_CHARS: Final = 200
 #: Bytes of a response body read at most (the rest is dropped).
@@ -91,134 +84,6 @@ _UNREACHABLE: Final = (
 _OPTIONS: Final = frozenset(
     {"concurrency", "timeout", "secret", "envelope", "source", "headers", "verify_tls", "transport"}
 )
-
-
-class WebhookVerificationError(OutboxError, ValueError):
-    """A webhook request failed :func:`verify`: answer it with 400 or 401 and drop it."""
-
-
-# ---------------------------------------------------------------------------
-# Standard Webhooks signing
-
-
-def decode_secret(secret: str | bytes) -> bytes:
-    """The HMAC key of ``secret``.
-
-    A string is ``whsec_`` + base64 (the prefix is optional); ``bytes`` are
-    the key itself. Raise :class:`ConfigurationError` for an invalid or empty
-    secret.
-    """
-    if isinstance(secret, bytes | bytearray):
-        key = bytes(secret)
-    elif isinstance(secret, str):
-        text = secret.strip()
-        if text.startswith(SECRET_PREFIX):
-            text = text[len(SECRET_PREFIX) :]
-        try:
-            key = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigurationError(
-                "webhook secret must be 'whsec_' followed by base64 "
-                "(the secret itself is not shown)"
-            ) from None
-    else:
-        raise ConfigurationError(
-            f"webhook secret must be a whsec_... string or bytes, not {type(secret).__name__}"
-        )
-    if not key:
-        raise ConfigurationError("webhook secret is empty")
-    return key
-
-
-def _as_bytes(body: bytes | bytearray | memoryview | str) -> bytes:
-    return body.encode() if isinstance(body, str) else bytes(body)
-
-
-def _signature(key: bytes, msg_id: str, timestamp: int | str, body: bytes) -> str:
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    return base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode("ascii")
-
-
-def sign(
-    secret: str | bytes, msg_id: str, timestamp: int, body: bytes | bytearray | memoryview | str
-) -> str:
-    """The ``webhook-signature`` value for a message: ``v1,<base64 HMAC-SHA256>``.
-
-    The signed content is ``f"{msg_id}.{timestamp}.{body}"`` with the key
-    from :func:`decode_secret`. ``body`` must be the exact bytes sent.
-    """
-    key = decode_secret(secret)
-    return f"{SIGNATURE_VERSION},{_signature(key, msg_id, int(timestamp), _as_bytes(body))}"
-
-
-def _header(headers: Mapping[str, str] | Message | Iterable[tuple[str, str]], name: str) -> str:
-    items = headers.items() if isinstance(headers, Mapping | Message) else headers
-    for key, value in items:
-        if isinstance(key, str) and key.lower() == name:
-            return str(value)
-    raise WebhookVerificationError(f"missing {name} header")
-
-
-def verify(
-    secret: str | bytes,
-    headers: Mapping[str, str] | Message | Iterable[tuple[str, str]],
-    body: bytes | bytearray | memoryview | str,
-    *,
-    tolerance: float = DEFAULT_TOLERANCE,
-    now: float | None = None,
-) -> None:
-    """Check a received webhook per Standard Webhooks; raise :class:`WebhookVerificationError`.
-
-    ``headers`` may be a mapping (any case: a dict, ``httpx.Headers``, a
-    framework's header object), an :class:`email.message.Message` (what
-    :mod:`http.server` gives) or ``(name, value)`` pairs. ``body`` must be
-    the raw request body, before any JSON parsing. The request passes when
-    ``webhook-timestamp`` is within ``tolerance`` seconds of ``now`` (default:
-    the current time) and any of the space-separated ``v1,`` signatures in
-    ``webhook-signature`` matches (compared in constant time); signatures of
-    other versions are ignored.
-    """
-    key = decode_secret(secret)
-    msg_id = _header(headers, "webhook-id").strip()
-    raw_timestamp = _header(headers, "webhook-timestamp").strip()
-    signatures = _header(headers, "webhook-signature")
-    if not msg_id:
-        raise WebhookVerificationError("empty webhook-id header")
-    try:
-        timestamp = int(raw_timestamp)
-    except ValueError:
-        raise WebhookVerificationError(
-            f"webhook-timestamp must be integer Unix seconds, got {raw_timestamp[:40]!r}"
-        ) from None
-    current = time.time() if now is None else now
-    if timestamp < current - tolerance:
-        raise WebhookVerificationError(
-            f"webhook-timestamp is too old ({current - timestamp:.0f}s ago; "
-            f"tolerance {tolerance:g}s)"
-        )
-    if timestamp > current + tolerance:
-        raise WebhookVerificationError(
-            f"webhook-timestamp is too far in the future ({timestamp - current:.0f}s ahead; "
-            f"tolerance {tolerance:g}s)"
-        )
-    expected = _signature(key, msg_id, raw_timestamp, _as_bytes(body)).encode("ascii")
-    found_v1 = False
-    matched = False
-    for entry in signatures.split():
-        version, sep, value = entry.partition(",")
-        if not sep or version != SIGNATURE_VERSION:
-            continue
-        found_v1 = True
-        # compare every entry (no early exit) so timing reveals nothing either
-        matched |= hmac.compare_digest(expected, value.encode("ascii", "replace"))
-    if not found_v1:
-        raise WebhookVerificationError("webhook-signature has no v1 signature")
-    if not matched:
-        raise WebhookVerificationError("webhook-signature does not match the body")
-
-
-# ---------------------------------------------------------------------------
-# Response classification
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -461,8 +326,8 @@ class WebhookBroker(Broker):
         headers["webhook-id"] = event.event_id
         headers["webhook-timestamp"] = str(timestamp)
         if self._key is not None:
-            signature = _signature(self._key, event.event_id, timestamp, body)
-            headers["webhook-signature"] = f"{SIGNATURE_VERSION},{signature}"
+            mac = signature(self._key, event.event_id, timestamp, body)
+            headers["webhook-signature"] = f"{SIGNATURE_VERSION},{mac}"
         return headers
 
     # -- publishing -----------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ``WebhookServer`` is a real HTTP server (``ThreadingHTTPServer`` on
 127.0.0.1, random port) that verifies Standard Webhooks signatures with
-:func:`brokers.webhook.verify` and answers per event as told.
+:func:`brokers.signing.verify` and answers per event as told.
 
 ``TcpProxy`` forwards a local port to RabbitMQ and can cut every connection
 or swallow the broker's replies, to exercise connection loss and confirm
@@ -31,7 +31,7 @@ import pika.exceptions
 import pytest
 
 from brokers.rabbitmq import RabbitMQBroker
-from brokers.webhook import WebhookVerificationError, verify
+from brokers.signing import WebhookVerificationError, verify
 from outbox_core.message import Event
 
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

@@ -413,18 +413,37 @@ def test_rabbitmq_cloudevents_binary(rabbit: RabbitState) -> None:
     [(properties, body)] = rabbit.drain()
     assert properties.content_type == "application/json"
     headers = properties.headers
-    assert headers["cloudEvents:id"] == event.event_id
-    assert headers["cloudEvents:type"] == "contract.order.created"
-    assert headers["cloudEvents:source"] == "outbox"
-    assert headers["cloudEvents:specversion"] == "1.0"
-    assert headers["cloudEvents:subject"] == "order-1"
-    assert headers["cloudEvents:time"] == "2024-05-01T12:30:15.250000Z"
-    assert "cloudEvents:datacontenttype" not in headers
+    assert headers["cloudEvents_id"] == event.event_id
+    assert headers["cloudEvents_type"] == "contract.order.created"
+    assert headers["cloudEvents_source"] == "outbox"
+    assert headers["cloudEvents_specversion"] == "1.0"
+    assert headers["cloudEvents_subject"] == "order-1"
+    assert headers["cloudEvents_time"] == "2024-05-01T12:30:15.250000Z"
+    assert "cloudEvents_datacontenttype" not in headers
     assert headers["x-outbox-key"] == "order-1"
     assert json.loads(body) == event.payload
     rebuilt = cloudevents.from_amqp_binary(headers, properties.content_type, body)
     assert rebuilt["id"] == event.event_id
     assert rebuilt["data"] == event.payload
+
+
+@pytest.mark.needs_server
+def test_rabbitmq_cloudevents_binary_colon_prefix_option(rabbit: RabbitState) -> None:
+    broker = RabbitMQBroker.from_url(
+        rabbit.url,
+        exchange=rabbit.exchange,
+        envelope="cloudevents-binary",
+        cloudevents_prefix="cloudEvents:",
+    )
+    event = make_event("contract.order.created", key="order-1")
+    assert kinds(broker.publish([event])) == [OK]
+    broker.close()
+    [(properties, body)] = rabbit.drain()
+    assert properties.headers["cloudEvents:id"] == event.event_id
+    assert not any(name.startswith("cloudEvents_") for name in properties.headers)
+    assert cloudevents.from_amqp_binary(properties.headers, "application/json", body)["id"] == (
+        event.event_id
+    )
 
 
 @pytest.mark.needs_server

@@ -98,23 +98,28 @@ def test_structured_refuses_non_json_payloads() -> None:
         cloudevents.structured_body(event(payload={"x": float("nan")}))
 
 
-def test_amqp_binary_headers() -> None:
+def test_amqp_binary_headers_use_the_jms_safe_prefix_by_default() -> None:
     headers = cloudevents.amqp_binary_headers(event(headers={"traceparent": "00-a-b-01"}))
     assert headers == {
-        "cloudEvents:id": "3f1c1b2e-9c57-4a43-8a0e-4d7a0b0c2f11",
-        "cloudEvents:source": "outbox",
-        "cloudEvents:specversion": "1.0",
-        "cloudEvents:type": "order.created",
-        "cloudEvents:subject": "order-1",
-        "cloudEvents:time": "2024-05-01T12:30:15Z",
-        "cloudEvents:traceparent": "00-a-b-01",
+        "cloudEvents_id": "3f1c1b2e-9c57-4a43-8a0e-4d7a0b0c2f11",
+        "cloudEvents_source": "outbox",
+        "cloudEvents_specversion": "1.0",
+        "cloudEvents_type": "order.created",
+        "cloudEvents_subject": "order-1",
+        "cloudEvents_time": "2024-05-01T12:30:15Z",
+        "cloudEvents_traceparent": "00-a-b-01",
     }
+    colon = cloudevents.amqp_binary_headers(event(), prefix="cloudEvents:")
+    assert colon["cloudEvents:id"] == "3f1c1b2e-9c57-4a43-8a0e-4d7a0b0c2f11"
+    with pytest.raises(ConfigurationError, match="prefix"):
+        cloudevents.amqp_binary_headers(event(), prefix="ce-")
 
 
-def test_amqp_binary_round_trip() -> None:
+@pytest.mark.parametrize("prefix", ["cloudEvents_", "cloudEvents:"])
+def test_amqp_binary_round_trip(prefix: str) -> None:
     original = event()
-    headers: dict[str, Any] = dict(cloudevents.amqp_binary_headers(original, "/s"))
-    headers["cloudEvents:id"] = headers["cloudEvents:id"].encode()  # clients may give bytes
+    headers: dict[str, Any] = dict(cloudevents.amqp_binary_headers(original, "/s", prefix))
+    headers[f"{prefix}id"] = headers[f"{prefix}id"].encode()  # clients may give bytes
     headers["x-outbox-key"] = "order-1"
     rebuilt = cloudevents.from_amqp_binary(
         headers, "application/json", cloudevents.json_bytes(original.payload)
