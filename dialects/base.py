@@ -952,6 +952,13 @@ class Dialect(ABC):
         it committed. ``outbox_core.inbox.Inbox`` validates the values first.
         """
 
+    def inbox_guard(self, conn: Connection, consumer: str, event_id: str) -> None:  # noqa: B027
+        """Run before :meth:`inbox_insert` in the consumer's transaction (optional hook).
+
+        Where concurrent inserts of one key can deadlock each other (InnoDB),
+        the dialect serialises them here until the transaction ends.
+        """
+
     def inbox_cleanup(self, conn: Connection, *, older_than: float, batch: int) -> int:
         """Delete at most ``batch`` inbox rows processed more than ``older_than`` seconds ago.
 

@@ -9,6 +9,7 @@ attempt counted in Python.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from datetime import datetime
 from typing import Any, ClassVar
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dialects.base import Dialect, SessionLimits
-from outbox_core.errors import UnsupportedDatabase
+from outbox_core.errors import DatabaseError, UnsupportedDatabase
 from outbox_core.message import Event, NewEvent
 
 MYSQL_MIN = (8, 0, 1)
@@ -189,6 +190,30 @@ class MysqlDialect(Dialect):
         # The rows were read before the UPDATE counted this attempt.
         return [self.to_event(r, token, attempts_offset=1) for r in rows]
 
+    def inbox_guard(self, conn: Connection, consumer: str, event_id: str) -> None:
+        """A named lock (``GET_LOCK``) per (consumer, event id) until the transaction ends.
+
+        InnoDB alone deadlocks here: when the first inserter of a key rolls
+        back, every consumer waiting on that key holds a lock on it and all
+        of them try to insert (error 1213, and InnoDB rolls back the whole
+        business transaction). With the named lock only one consumer at a
+        time reaches the key; the rest wait for the lock (up to
+        ``innodb_lock_wait_timeout``), then find its row. The lock is
+        released when the transaction commits or rolls back.
+        """
+        digest = hashlib.sha1(
+            f"{self.tables.inbox.fullname}\0{consumer}\0{event_id}".encode(), usedforsecurity=False
+        ).hexdigest()
+        name = f"outbox_inbox_{digest}"  # lock names hold at most 64 characters
+        timeout: sa.ColumnElement[int] = sa.literal_column("@@innodb_lock_wait_timeout")
+        got = conn.execute(sa.select(sa.func.get_lock(name, timeout))).scalar()
+        if got != 1:
+            raise DatabaseError(
+                f"inbox: timed out waiting for another consumer recording event {event_id} "
+                f"for {consumer!r} (innodb_lock_wait_timeout)"
+            )
+        _release_at_transaction_end(conn, name)
+
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT IGNORE``: a duplicate key is skipped (0 rows) instead of failing.
 
@@ -204,3 +229,30 @@ class MysqlDialect(Dialect):
             .values(consumer=consumer, event_id=event_id, processed_at=self.now())
             .prefix_with("IGNORE")
         )
+
+
+def _release_at_transaction_end(conn: Connection, name: str) -> None:
+    """``RELEASE_LOCK(name)`` when the transaction on ``conn`` commits or rolls back.
+
+    Named locks belong to the session, not the transaction: without this a
+    pooled connection would keep it. Runs just before the COMMIT/ROLLBACK,
+    on the driver's connection (no new SQLAlchemy transaction from an event).
+    """
+    released = False
+
+    def release(connection: Connection) -> None:
+        nonlocal released
+        if released:
+            return
+        released = True
+        dbapi = connection.connection.dbapi_connection
+        if dbapi is None:
+            return
+        cursor = dbapi.cursor()
+        try:
+            cursor.execute("SELECT RELEASE_LOCK(%s)", (name,))
+        finally:
+            cursor.close()
+
+    sa.event.listen(conn, "commit", release, once=True)
+    sa.event.listen(conn, "rollback", release, once=True)

@@ -223,6 +223,8 @@ class Inbox:
                 f"not {type(conn).__name__} (use record_async for async ones)"
             )
         stmt = self.insert_statement(consumer, event_id)
+        bind = conn if isinstance(conn, Connection) else conn.connection()
+        self.dialect.inbox_guard(bind, consumer, normalize_event_id(event_id))
         return _rowcount(conn.execute(stmt)) == 1
 
     def seen(self, conn: Connection | Session, consumer: str, event_id: str | uuid.UUID) -> bool:
@@ -244,6 +246,13 @@ class Inbox:
                 f"not {type(conn).__name__}"
             )
         stmt = self.insert_statement(consumer, event_id)
+        key = normalize_event_id(event_id)
+        if isinstance(conn, AsyncConnection):
+            await conn.run_sync(lambda sync: self.dialect.inbox_guard(sync, consumer, key))
+        else:
+            await conn.run_sync(
+                lambda sync: self.dialect.inbox_guard(sync.connection(), consumer, key)
+            )
         return _rowcount(await conn.execute(stmt)) == 1
 
     async def seen_async(

@@ -191,6 +191,29 @@ def test_a_concurrent_duplicate_waits_for_the_first_then_loses(
     assert inbox_rows(inbox) == [("billing", event_id)]
 
 
+def test_three_waiting_on_a_first_that_rolls_back_one_wins_none_errs(
+    backend: str, inbox: Inbox
+) -> None:
+    """The InnoDB case: waiters of a rolled-back insert must not deadlock each other."""
+    for _ in range(3):
+        event_id = new_id()
+        with inbox.outbox.engine.connect() as first:
+            tx = first.begin()
+            assert inbox.record(first, "billing", event_id) is True
+            waiters = [Recorder(inbox, backend, event_id) for _ in range(3)]
+            for w in waiters:
+                w.start()
+            for w in waiters:
+                assert w.started_insert.wait(5)
+            time.sleep(0.5)
+            tx.rollback()
+            for w in waiters:
+                w.join(30)
+        assert [w.error for w in waiters] == [None] * 3, [repr(w.error) for w in waiters]
+        assert sorted(w.result for w in waiters) == [False, False, True]
+        assert inbox_rows(inbox)[-1:] == [("billing", event_id)]
+
+
 def race(inbox: Inbox, backend: str, event_id: str, consumers: int) -> list[bool | BaseException]:
     """``consumers`` threads record ``event_id`` at once, each in its own transaction."""
     gate = threading.Barrier(consumers)
