@@ -404,16 +404,30 @@ class Outbox:
 
 
 def _first_in_transaction(conn: Connection, outbox: Outbox) -> bool:
-    """True for the first enqueue of ``outbox`` in the connection's current transaction."""
+    """True for the first enqueue of ``outbox`` in the connection's current transaction.
+
+    Only that enqueue carries the wake-up (NOTIFY). A rolled-back savepoint
+    takes a wake-up sent inside it along: the marks are dropped then, so the
+    next enqueue of the transaction sends it again (PostgreSQL folds repeats).
+    """
     marks: dict[int, object] = conn.info.setdefault("outbox_marks", {})
     tx = conn.get_transaction()
     if marks.get(id(outbox)) is tx:
         return False
     marks[id(outbox)] = tx
+    engine = conn.engine
+    if engine not in _SAVEPOINTS_HOOKED:
+        _SAVEPOINTS_HOOKED.add(engine)
+        sa.event.listen(engine, "rollback_savepoint", _forget_wake_ups)
     return True
 
 
+def _forget_wake_ups(connection: Connection, name: str, context: object) -> None:
+    connection.info.pop("outbox_marks", None)
+
+
 _HOOKED: weakref.WeakSet[Engine] = weakref.WeakSet()
+_SAVEPOINTS_HOOKED: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def _wake_after_commit(conn: Connection, relays: weakref.WeakSet[Relay]) -> None:

@@ -584,3 +584,49 @@ def test_install_adds_an_index_missing_from_an_older_table(outbox: Outbox) -> No
     outbox.install()
     indexes = {ix["name"] for ix in sa.inspect(outbox.engine).get_indexes(outbox.table.name)}
     assert name in indexes
+
+
+# -- wake-ups -----------------------------------------------------------------------------
+
+
+def _wake_up_after(outbox: Outbox, produce: Any) -> bool:
+    """Run ``produce(conn)`` in a committed transaction; did a LISTENing relay hear of it?"""
+    listener = outbox.dialect.listener(outbox.engine)
+    if listener is None:
+        pytest.skip(f"{outbox.dialect.name} has no notifications: relays poll")
+    try:
+        with outbox.engine.begin() as conn:
+            produce(conn)
+        return listener.wait(2.0)
+    finally:
+        listener.close()
+
+
+def test_a_committed_enqueue_wakes_the_relays(outbox: Outbox) -> None:
+    assert _wake_up_after(outbox, lambda conn: outbox.enqueue(conn, "t", {}))
+
+
+def test_a_rolled_back_savepoint_does_not_lose_the_wake_up(outbox: Outbox) -> None:
+    """The first enqueue (which carried the NOTIFY) is inside a savepoint that rolls back."""
+
+    def produce(conn: sa.Connection) -> None:
+        savepoint = conn.begin_nested()
+        outbox.enqueue(conn, "t", {"n": 1})
+        savepoint.rollback()
+        outbox.enqueue(conn, "t", {"n": 2})
+
+    assert _wake_up_after(outbox, produce)
+    assert [r.payload for r in rows(outbox)] == [{"n": 2}]
+
+
+def test_a_rolled_back_transaction_wakes_nobody(outbox: Outbox) -> None:
+    listener = outbox.dialect.listener(outbox.engine)
+    if listener is None:
+        pytest.skip(f"{outbox.dialect.name} has no notifications: relays poll")
+    try:
+        with outbox.engine.connect() as conn, conn.begin() as tx:
+            outbox.enqueue(conn, "t", {})
+            tx.rollback()
+        assert not listener.wait(1.0)
+    finally:
+        listener.close()
