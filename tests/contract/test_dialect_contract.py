@@ -630,3 +630,58 @@ def test_a_rolled_back_transaction_wakes_nobody(outbox: Outbox) -> None:
         assert not listener.wait(1.0)
     finally:
         listener.close()
+
+
+# -- guarantee 4, exactly as the README words it -----------------------------------------
+
+
+def _publish_all(outbox: Outbox) -> list[str]:
+    relay, queue = _relay(outbox, ordered=True)
+    while relay.run_once().claimed:
+        pass
+    relay.close()
+    return [e.event_id for e in queue.snapshot()]
+
+
+@pytest.mark.needs_server
+def test_unserialised_writers_of_one_key_are_published_in_commit_order(
+    outbox: Outbox, backend: str
+) -> None:
+    """Ids 1 and 2 of key k, the transaction of 2 commits first: 2 goes out first."""
+    if not outbox.dialect.row_locks:
+        pytest.skip("SQLite writers are serialised by its write lock")
+    with outbox.engine.connect() as first, outbox.engine.connect() as second:
+        tx1 = first.begin()
+        one = outbox.enqueue(first, "t", {"n": 1}, key="k")  # the smaller id
+        with second.begin():
+            two = outbox.enqueue(second, "t", {"n": 2}, key="k")
+        published = _publish_all(outbox)  # the relay cannot see id 1 yet
+        tx1.commit()
+    published += _publish_all(outbox)
+    assert [r.event_id for r in rows(outbox)] == [one, two]  # ids in enqueue order
+    assert published == [two, one]
+
+
+def test_serialised_writers_of_one_key_are_published_in_id_order(outbox: Outbox) -> None:
+    """Each writer locks the aggregate row first: ids follow commit order, and publishing too."""
+    orders = sa.Table(
+        f"{outbox.table.name}_orders",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("version", sa.Integer),
+    )
+    orders.create(outbox.engine)
+    try:
+        with outbox.engine.begin() as conn:
+            conn.execute(orders.insert().values(id=1, version=0))
+        ids = []
+        for n in range(5):
+            with outbox.engine.begin() as conn:
+                conn.execute(
+                    sa.select(orders).where(orders.c.id == 1).with_for_update()
+                )  # the aggregate lock
+                conn.execute(orders.update().values(version=orders.c.version + 1))
+                ids.append(outbox.enqueue(conn, "t", {"n": n}, key="order-1"))
+        assert _publish_all(outbox) == ids
+    finally:
+        orders.drop(outbox.engine)
