@@ -24,8 +24,8 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import bulk_prefill, run_until_sent
-from brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core import Outbox
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import State
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from brokers.base import Broker
 from outbox_core import Event, Outbox, Outcome
+from outbox_core.brokers.base import Broker
 
 
 class Stopwatch(Broker):

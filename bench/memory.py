@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import bulk_prefill, rss_mb, run_until_sent
-from brokers.callable import CallableBroker
 from outbox_core import Event, Outbox
+from outbox_core.brokers.callable import CallableBroker
 
 
 def discard(events: Sequence[Event]) -> None:

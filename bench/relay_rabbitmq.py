@@ -31,8 +31,8 @@ from pika.adapters.select_connection import IOLoop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import run_until_sent
-from brokers.rabbitmq import ATTEMPT_HEADER, KEY_HEADER, RabbitMQBroker
 from outbox_core import Outbox
+from outbox_core.brokers.rabbitmq import ATTEMPT_HEADER, KEY_HEADER, RabbitMQBroker
 
 
 def same_properties(i: int) -> pika.BasicProperties:

@@ -56,12 +56,12 @@ class Broker(ABC):
 #: URL scheme -> "module:Class"; imported only when used, so pika or httpx
 #: are needed only by those who use them.
 REGISTRY: dict[str, str] = {
-    "amqp": "brokers.rabbitmq:RabbitMQBroker",
-    "amqps": "brokers.rabbitmq:RabbitMQBroker",
-    "http": "brokers.webhook:WebhookBroker",
-    "https": "brokers.webhook:WebhookBroker",
-    "memory": "brokers.memory:MemoryBroker",
-    "python": "brokers.callable:CallableBroker",
+    "amqp": "outbox_core.brokers.rabbitmq:RabbitMQBroker",
+    "amqps": "outbox_core.brokers.rabbitmq:RabbitMQBroker",
+    "http": "outbox_core.brokers.webhook:WebhookBroker",
+    "https": "outbox_core.brokers.webhook:WebhookBroker",
+    "memory": "outbox_core.brokers.memory:MemoryBroker",
+    "python": "outbox_core.brokers.callable:CallableBroker",
 }
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokers.base import Broker
+from outbox_core.brokers.base import Broker
 from outbox_core.errors import BrokerError
 from outbox_core.message import Event, Outcome
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokers.base import Broker
+from outbox_core.brokers.base import Broker
 from outbox_core.message import Event, Outcome
 
 

@@ -75,8 +75,8 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.select_connection import IOLoop
 
-from brokers import cloudevents
-from brokers.base import Broker
+from outbox_core.brokers import cloudevents
+from outbox_core.brokers.base import Broker
 from outbox_core.config import mask_url, parse_bool, parse_duration
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome

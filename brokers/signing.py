@@ -4,7 +4,7 @@ This module needs nothing beyond the standard library (no httpx), so a
 receiving service imports :func:`verify` without the webhook broker's
 dependencies::
 
-    from brokers.signing import WebhookVerificationError, verify
+    from outbox_core.brokers.signing import WebhookVerificationError, verify
 
     try:
         verify(secret, request.headers, raw_body)

@@ -13,7 +13,7 @@ specification when a ``secret`` (``whsec_<base64>``) is configured:
 * ``webhook-timestamp``: when this attempt was sent, Unix seconds,
 * ``webhook-signature``: ``v1,`` + base64 HMAC-SHA256 of ``{id}.{timestamp}.{body}``.
 
-Receivers check a request with :func:`brokers.signing.verify`, which imports
+Receivers check a request with :func:`outbox_core.brokers.signing.verify`, which imports
 nothing beyond the standard library (no httpx).
 
 Outcomes: 2xx is ``ok``; 408, 429, 5xx and a request that timed out waiting
@@ -50,9 +50,9 @@ from typing import Any, Final
 
 import httpx
 
-from brokers import cloudevents
-from brokers.base import Broker
-from brokers.signing import SIGNATURE_VERSION, decode_secret, signature
+from outbox_core.brokers import cloudevents
+from outbox_core.brokers.base import Broker
+from outbox_core.brokers.signing import SIGNATURE_VERSION, decode_secret, signature
 from outbox_core.config import mask_url, parse_bool, parse_duration
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome

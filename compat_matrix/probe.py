@@ -176,7 +176,7 @@ def _server(backend: str, conn: sa.Connection) -> tuple[str, str, str, str]:
 def _check(backend: str, conn: sa.Connection) -> str | None:
     """The dialect's own refusal, e.g. ``MariaDB 10.5.22 has no SKIP LOCKED ...``."""
     import outbox_core  # noqa: F401 - load before dialects (import order of the packages)
-    from dialects.base import get_dialect
+    from outbox_core.dialects.base import get_dialect
     from outbox_core.errors import UnsupportedDatabase
     from outbox_core.schema import OutboxTables
 

@@ -1,5 +1,5 @@
 """Database strategies: one module per database family, loaded by name on demand."""
 
-from dialects.base import Dialect, get_dialect, known_dialects
+from outbox_core.dialects.base import Dialect, get_dialect, known_dialects
 
 __all__ = ["Dialect", "get_dialect", "known_dialects"]

@@ -995,11 +995,11 @@ class Dialect(ABC):
 #: Backend name -> "module:Class", imported only when asked for, so a user
 #: with one driver installed never needs the others.
 REGISTRY: dict[str, str] = {
-    "postgresql": "dialects.postgresql:PostgresqlDialect",
-    "mysql": "dialects.mysql:MysqlDialect",
-    "mariadb": "dialects.mysql:MysqlDialect",
-    "mssql": "dialects.mssql:MssqlDialect",
-    "sqlite": "dialects.sqlite:SqliteDialect",
+    "postgresql": "outbox_core.dialects.postgresql:PostgresqlDialect",
+    "mysql": "outbox_core.dialects.mysql:MysqlDialect",
+    "mariadb": "outbox_core.dialects.mysql:MysqlDialect",
+    "mssql": "outbox_core.dialects.mssql:MssqlDialect",
+    "sqlite": "outbox_core.dialects.sqlite:SqliteDialect",
 }
 
 

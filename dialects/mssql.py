@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import ReturningDialect, SessionLimits
+from outbox_core.dialects.base import ReturningDialect, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
 
 MIN_VERSION = (13,)  # SQL Server 2016

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import Dialect, SessionLimits
+from outbox_core.dialects.base import Dialect, SessionLimits
 from outbox_core.errors import DatabaseError, UnsupportedDatabase
 from outbox_core.message import Event, NewEvent
 

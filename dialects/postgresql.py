@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
-from dialects.base import Listener, ReturningDialect, SessionLimits
+from outbox_core.dialects.base import Listener, ReturningDialect, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import State
 

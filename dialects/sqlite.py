@@ -16,7 +16,7 @@ from typing import ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import ReturningDialect
+from outbox_core.dialects.base import ReturningDialect
 from outbox_core.errors import UnsupportedDatabase
 
 MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
-from brokers.base import create_broker
+from outbox_core.brokers.base import create_broker
 from outbox_core.clitools import DIALECT_NAMES, handle_errors
 from outbox_core.config import Settings, load_settings, mask_url, parse_duration, redact
 from outbox_core.errors import ConfigurationError

@@ -20,8 +20,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from brokers.base import Broker
-from brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core.brokers.base import Broker
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import Event, Outcome
 from outbox_core.outbox import Outbox
 from outbox_core.relay import Relay

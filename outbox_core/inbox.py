@@ -58,7 +58,7 @@ from outbox_core.schema import DEFAULT_TABLE
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-    from dialects.base import Dialect
+    from outbox_core.dialects.base import Dialect
 
 #: Longest consumer name: the width of the inbox table's ``consumer`` column.
 MAX_CONSUMER = 128

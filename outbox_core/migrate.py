@@ -32,8 +32,8 @@ import click
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dialects.base import Dialect, get_dialect
 from outbox_core.config import mask_url, redact
+from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.errors import OutboxError, PayloadError
 from outbox_core.message import NewEvent, State, check_json, dump_json
 from outbox_core.outbox import Outbox

@@ -20,10 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
-from brokers.base import Broker, create_broker
-from dialects.base import Dialect, get_dialect
 from outbox_core import tracing
+from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import Settings, mask_url
+from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.errors import ConfigurationError, TableMissing
 from outbox_core.message import NewEvent, State, build_new_event
 from outbox_core.relay import Relay, translate_errors

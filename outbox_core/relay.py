@@ -49,10 +49,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from brokers.base import Broker
-from dialects.base import Dialect, SessionLimits
 from outbox_core import tracing
+from outbox_core.brokers.base import Broker
 from outbox_core.config import Settings, redact
+from outbox_core.dialects.base import Dialect, SessionLimits
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult, Event, Failure, Outcome
 from outbox_core.retry import RetryPolicy

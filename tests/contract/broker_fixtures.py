@@ -2,7 +2,7 @@
 
 ``WebhookServer`` is a real HTTP server (``ThreadingHTTPServer`` on
 127.0.0.1, random port) that verifies Standard Webhooks signatures with
-:func:`brokers.signing.verify` and answers per event as told.
+:func:`outbox_core.brokers.signing.verify` and answers per event as told.
 
 ``TcpProxy`` forwards a local port to RabbitMQ and can cut every connection
 or swallow the broker's replies, to exercise connection loss and confirm
@@ -30,8 +30,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from brokers.rabbitmq import RabbitMQBroker
-from brokers.signing import WebhookVerificationError, verify
+from outbox_core.brokers.rabbitmq import RabbitMQBroker
+from outbox_core.brokers.signing import WebhookVerificationError, verify
 from outbox_core.message import Event
 
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

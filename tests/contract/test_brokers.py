@@ -35,11 +35,11 @@ import pika
 import pika.spec
 import pytest
 
-from brokers import cloudevents
-from brokers.base import Broker, create_broker
-from brokers.memory import MemoryBroker, MemoryQueue
-from brokers.rabbitmq import RabbitMQBroker, _Batch
-from brokers.webhook import WebhookBroker
+from outbox_core.brokers import cloudevents
+from outbox_core.brokers.base import Broker, create_broker
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core.brokers.rabbitmq import RabbitMQBroker, _Batch
+from outbox_core.brokers.webhook import WebhookBroker
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome, OutcomeKind
 from tests.contract.broker_fixtures import (

@@ -18,7 +18,6 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core import (
     EventError,
     InvalidIdentifier,
@@ -29,6 +28,7 @@ from outbox_core import (
     UnknownBroker,
     UnknownDialect,
 )
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import Event, Failure
 from tests.support import set_lock_timeout
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from brokers.rabbitmq import RabbitMQBroker
 from outbox_core import Outbox, State
+from outbox_core.brokers.rabbitmq import RabbitMQBroker
 from tests.contract.broker_fixtures import RabbitState, TcpProxy, unused_port
 
 EVENTS = 10_000

@@ -2,11 +2,11 @@
 
 * ``standardwebhooks`` (the Standard Webhooks reference library) verifies the
   signatures of requests the webhook broker sent to a real HTTP server, and
-  :func:`brokers.signing.verify` accepts what the library signs, including
+  :func:`outbox_core.brokers.signing.verify` accepts what the library signs, including
   with a secret written without base64 padding.
 * the CNCF ``cloudevents`` SDK parses the structured (HTTP and AMQP) and
   binary (AMQP) messages the brokers published (through the real RabbitMQ),
-  and :func:`brokers.cloudevents.from_amqp_binary` reads what the SDK writes.
+  and :func:`outbox_core.brokers.cloudevents.from_amqp_binary` reads what the SDK writes.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from cloudevents.core.bindings import amqp as ce_amqp
 from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.v1.event import CloudEvent
 
-from brokers import cloudevents
-from brokers.signing import WebhookVerificationError, decode_secret, verify
-from brokers.webhook import WebhookBroker
+from outbox_core.brokers import cloudevents
+from outbox_core.brokers.signing import WebhookVerificationError, decode_secret, verify
+from outbox_core.brokers.webhook import WebhookBroker
 from outbox_core.message import Event, OutcomeKind
 from tests.contract.broker_fixtures import SECRET, RabbitState, WebhookServer
 
@@ -108,7 +108,7 @@ def test_a_secret_without_base64_padding_is_accepted_like_the_reference_library(
 def test_receiver_side_verify_imports_without_httpx() -> None:
     code = (
         "import sys; sys.modules['httpx'] = None\n"  # import httpx now raises ImportError
-        "from brokers.signing import verify, sign\n"
+        "from outbox_core.brokers.signing import verify, sign\n"
         "import time; ts = int(time.time())\n"
         f"verify({SECRET!r}, {{'webhook-id': 'm', 'webhook-timestamp': str(ts),"
         f" 'webhook-signature': sign({SECRET!r}, 'm', ts, b'{{}}')}}, b'{{}}')\n"

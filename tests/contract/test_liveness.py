@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from brokers.base import Broker
 from outbox_core import Outbox, Outcome, State
+from outbox_core.brokers.base import Broker
 from outbox_core.message import Event
 from outbox_core.relay import BrokerState, RelayObserver
 from tests.contract.test_dialect_contract import connection, enqueue_many, rows

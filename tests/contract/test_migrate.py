@@ -30,8 +30,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
-from brokers.memory import get_queue
 from outbox_core import Outbox, State
+from outbox_core.brokers.memory import get_queue
 from outbox_core.message import build_new_event
 from outbox_core.migrate import migrate, verify
 from outbox_core.schema import OutboxTables

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dialects.base import REGISTRY, get_dialect
+from outbox_core.dialects.base import REGISTRY, get_dialect
 
 POINTS = {
     "claim": "claim",

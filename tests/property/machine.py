@@ -30,8 +30,8 @@ import sqlalchemy as sa
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dialects.base import Dialect
 from outbox_core import Outbox, State
+from outbox_core.dialects.base import Dialect
 from outbox_core.message import Event, Failure
 from tests.support import set_lock_timeout
 

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from dialects.base import Dialect
 from outbox_core import Outbox
+from outbox_core.dialects.base import Dialect
 from tests.property.machine import LockWait, machine_for
 from tests.support import bound_lock_waits
 

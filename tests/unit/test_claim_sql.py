@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql, sqlite
 
-from dialects.base import Dialect, get_dialect
+from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.schema import OutboxTables
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from brokers import cloudevents
+from outbox_core.brokers import cloudevents
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event
 

@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql, sqlite
 
-from dialects.base import Dialect, get_dialect
 from outbox_core import ConfigurationError, EventError, Outbox
+from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.inbox import MAX_CONSUMER, Inbox, normalize_event_id, validate_consumer
 from outbox_core.schema import OutboxTables
 

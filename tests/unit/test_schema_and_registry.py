@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from brokers.base import create_broker, known_schemes
-from dialects.base import get_dialect, known_dialects
-from dialects.mysql import check_version
 from outbox_core import InvalidIdentifier, Outbox, UnknownBroker, UnknownDialect
+from outbox_core.brokers.base import create_broker, known_schemes
+from outbox_core.dialects.base import get_dialect, known_dialects
+from outbox_core.dialects.mysql import check_version
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.outbox import sync_url
 from outbox_core.schema import OutboxTables

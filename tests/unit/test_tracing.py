@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core import Outbox, Outcome
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()

@@ -8,8 +8,8 @@ from email.message import Message
 import httpx
 import pytest
 
-from brokers.signing import WebhookVerificationError, decode_secret, sign, verify
-from brokers.webhook import classify, parse_retry_after
+from outbox_core.brokers.signing import WebhookVerificationError, decode_secret, sign, verify
+from outbox_core.brokers.webhook import classify, parse_retry_after
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import OutcomeKind
 

@@ -1,0 +1,97 @@
+"""The wheel installs one import package, and works beside a project's own ``brokers``/``dialects``.
+
+The repository keeps its top-level ``dialects/`` and ``brokers/`` folders; in
+the wheel they are ``outbox_core.dialects`` and ``outbox_core.brokers``. The
+editable install used for development cannot show a collision, so this builds
+the wheel, installs it with pip into a fresh virtual environment, and runs a
+user project that has packages named ``brokers`` and ``dialects`` of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import site
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+USER_SCRIPT = """
+import brokers, dialects  # the project's own packages
+from outbox_core import Outbox
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
+
+outbox = Outbox("sqlite:///app.db")
+outbox.install()
+with outbox.engine.begin() as conn:
+    outbox.enqueue(conn, "order.created", {"order_id": 1}, key="order-1")
+queue = MemoryQueue("app")
+relay = outbox.relay(MemoryBroker(queue), ordered=True)
+assert relay.run_once().sent == 1
+relay.close()
+assert [e.topic for e in queue.snapshot()] == ["order.created"]
+assert brokers.MINE == "user brokers" and dialects.MINE == "user dialects"
+import outbox_core
+print(outbox_core.__file__)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(ROOT), "-w", str(out)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    [built] = out.glob("outbox_toolkit-*.whl")
+    return built
+
+
+def test_the_wheel_has_one_top_level_import_package(wheel: Path) -> None:
+    names = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {n for n in names if not n.endswith(".dist-info")} == {"outbox_core"}
+    files = zipfile.ZipFile(wheel).namelist()
+    for module in ("dialects/postgresql.py", "dialects/mysql.py", "brokers/rabbitmq.py"):
+        assert f"outbox_core/{module}" in files
+    assert "outbox_core/py.typed" in files
+
+
+def test_a_project_with_its_own_brokers_and_dialects_packages_works(
+    wheel: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    # The dependencies (SQLAlchemy, click) come from this environment: a plain path
+    # entry, so the development checkout's editable hook is not loaded there.
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    target = venv / "lib" / version / "site-packages"
+    (target / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    project = tmp_path / "project"
+    for name in ("brokers", "dialects"):
+        (project / name).mkdir(parents=True)
+        (project / name / "__init__.py").write_text(f'MINE = "user {name}"\n')
+        (project / name / "base.py").write_text("# the project's own module\n")
+    (project / "app.py").write_text(textwrap.dedent(USER_SCRIPT))
+    result = subprocess.run(
+        [str(python), "app.py"], cwd=project, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert str(target) in result.stdout, "outbox_core did not come from the installed wheel"
+    cli = subprocess.run(
+        [str(venv / "bin" / "outbox"), "schema", "--dialect", "postgresql"],
+        cwd=project, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert re.search(r"CREATE TABLE outbox", cli.stdout)
