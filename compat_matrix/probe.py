@@ -1,10 +1,10 @@
 """What is being tested: the server behind each URL, the drivers, the checkout.
 
-:func:`probe` connects once, asks the server for its product and version
-(``SHOW server_version`` / ``SELECT VERSION()`` / ``@@VERSION`` /
-``sqlite3.sqlite_version``), tells MariaDB from MySQL, runs the dialect's own
-``check`` (so an unsupported server is reported as such rather than failing
-every test) and names the column by what it found, e.g. ``PostgreSQL 15.6``.
+:func:`probe` connects once, asks the toolkit's dialect for the server's
+product and version (:meth:`Dialect.server_info`, which also tells MariaDB
+from MySQL), runs the dialect's own ``check`` (so an unsupported server is
+reported as such rather than failing every test) and names the column by
+what it found, e.g. ``PostgreSQL 15.6``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from compat_matrix.model import OK, UNREACHABLE, UNSUPPORTED, Database
+from outbox_core.dialects.base import Dialect, get_dialect
+from outbox_core.errors import UnsupportedDatabase
+from outbox_core.schema import OutboxTables
 
 #: Backends as the test suite names them, and the SQLAlchemy backend names each accepts.
 BACKENDS: dict[str, tuple[str, ...]] = {
@@ -104,11 +107,6 @@ def check_url(backend: str, url: str) -> None:
         raise ValueError(f"{mask_url(url)} is a {name} URL, not {backend}")
 
 
-def _version_prefix(text: str) -> str:
-    match = re.match(r"\s*(\d+(?:\.\d+)*)", text)
-    return match.group(1) if match else text.strip().split(" ")[0]
-
-
 def _dist_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -140,76 +138,38 @@ def _driver(conn: sa.Connection) -> str:
     return text
 
 
-def _server(backend: str, conn: sa.Connection) -> tuple[str, str, str, str]:
-    """``(product, version, full version string, column name)`` of the server."""
-    if backend == "postgresql":
-        full = str(conn.exec_driver_sql("SELECT version()").scalar())
-        version = _version_prefix(str(conn.exec_driver_sql("SHOW server_version").scalar()))
-        return "PostgreSQL", version, full, f"PostgreSQL {version}"
-    if backend == "mysql":
-        full = str(conn.exec_driver_sql("SELECT VERSION()").scalar())
-        comment = str(conn.exec_driver_sql("SELECT @@version_comment").scalar() or "")
-        product = "MariaDB" if "mariadb" in f"{full} {comment}".lower() else "MySQL"
-        version = _version_prefix(full)
-        return product, version, f"{full} ({comment})" if comment else full, f"{product} {version}"
-    if backend == "mssql":
-        full = str(conn.exec_driver_sql("SELECT @@VERSION").scalar())
-        # SERVERPROPERTY returns sql_variant, which pyodbc cannot fetch: cast it.
-        version = str(
-            conn.exec_driver_sql(
-                "SELECT CAST(SERVERPROPERTY('ProductVersion') AS NVARCHAR(128))"
-            ).scalar()
-        )
-        edition = str(
-            conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('Edition') AS NVARCHAR(128))").scalar()
-            or ""
-        )
-        year = re.search(r"Microsoft SQL Server (\d{4})", full)
-        product = f"SQL Server {year.group(1)}" if year else full.splitlines()[0].strip()
-        first = " ".join(full.split())
-        described = f"{first} ({edition})" if edition else first
-        return product, version, described, f"{product} {version}"
-    version = sqlite3.sqlite_version
-    return "SQLite", version, f"SQLite {version} (Python sqlite3)", f"SQLite {version}"
+def _dialect(backend: str) -> Dialect:
+    """The toolkit's dialect for ``backend``: it identifies the server and refuses what it must."""
+    return get_dialect(backend)(OutboxTables.create())
 
 
-def _check(backend: str, conn: sa.Connection) -> str | None:
+def _check(dialect: Dialect, conn: sa.Connection) -> str | None:
     """The dialect's own refusal, e.g. ``MariaDB 10.5.22 has no SKIP LOCKED ...``."""
-    import outbox_core  # noqa: F401 - load before dialects (import order of the packages)
-    from outbox_core.dialects.base import get_dialect
-    from outbox_core.errors import UnsupportedDatabase
-    from outbox_core.schema import OutboxTables
-
     try:
-        get_dialect(backend)(OutboxTables.create()).check(conn)
+        dialect.check(conn)
     except UnsupportedDatabase as exc:
         return str(exc)
     return None
 
 
-def _connect_args(backend: str, timeout: float) -> dict[str, Any]:
-    if backend == "mssql":
-        return {"timeout": max(1, int(timeout))}
-    if backend in ("postgresql", "mysql"):
-        return {"connect_timeout": max(1, int(timeout))}
-    return {}
-
-
 def probe(target: Target, *, timeout: float = 5.0) -> Database:
     """Connect to ``target`` and describe it; an unreachable server is described too."""
     backend = target.backend
+    dialect = _dialect(backend)
     url = target.url or "sqlite://"
     masked = mask_url(target.url) if target.url else "sqlite:///<temporary file per test>"
     db = Database(key="", column="", backend=backend, url=masked)
     try:
         engine = sa.create_engine(
-            url, poolclass=NullPool, connect_args=_connect_args(backend, timeout)
+            url, poolclass=NullPool, connect_args=dialect.connect_timeout_args(timeout)
         )
         try:
             with engine.connect() as conn:
-                db.product, db.version, db.version_string, db.column = _server(backend, conn)
+                info = dialect.server_info(conn)
+                db.product, db.version, db.version_string = info.product, info.version, info.full
+                db.column = info.label
                 db.driver = _driver(conn)
-                refusal = _check(backend, conn)
+                refusal = _check(dialect, conn)
                 conn.rollback()
         finally:
             engine.dispose()
@@ -219,9 +179,7 @@ def probe(target: Target, *, timeout: float = 5.0) -> Database:
         if password:
             reason = scrub(reason, [password])
         db.status, db.reason = UNREACHABLE, reason
-        db.product = {"postgresql": "PostgreSQL", "mysql": "MySQL/MariaDB", "mssql": "SQL Server"}[
-            backend
-        ]
+        db.product = dialect.family
         db.column = f"{db.product} @ {url_location(url)}"
     else:
         if refusal is not None:

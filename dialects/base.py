@@ -14,6 +14,7 @@ token, so a relay whose lease expired and was re-claimed changes nothing.
 from __future__ import annotations
 
 import importlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +55,29 @@ class Listener(Protocol):
 
 
 @dataclass(frozen=True)
+class ServerInfo:
+    """What a server says it is (``outbox doctor``, the compatibility matrix)."""
+
+    #: ``PostgreSQL``, ``MariaDB``, ``MySQL``, ``SQL Server 2022``, ``SQLite``.
+    product: str
+    #: Its version, e.g. ``15.20`` or ``10.11.19``.
+    version: str
+    #: The server's own full description (``SELECT version()`` and the like).
+    full: str
+
+    @property
+    def label(self) -> str:
+        """``product version``: a matrix column, a doctor finding."""
+        return f"{self.product} {self.version}"
+
+
+def version_prefix(text: str) -> str:
+    """The leading dotted number of a version (``10.11.19-MariaDB-0+deb12u1``: ``10.11.19``)."""
+    match = re.match(r"\s*(\d+(?:\.\d+)*)", text)
+    return match.group(1) if match else text.strip().split(" ")[0]
+
+
+@dataclass(frozen=True)
 class SessionLimits:
     """Server-side bounds for a relay connection, derived from the relay's lease.
 
@@ -80,6 +104,8 @@ class Dialect(ABC):
 
     #: Registry name: "postgresql", "mysql", "mssql" or "sqlite".
     name: ClassVar[str]
+    #: The family's name for people: "PostgreSQL", "MySQL/MariaDB", "SQL Server", "SQLite".
+    family: ClassVar[str]
     #: True when concurrent claims skip each other's locked rows instead of
     #: waiting (SKIP LOCKED / READPAST). SQLite serialises writers instead.
     row_locks: ClassVar[bool] = True
@@ -114,6 +140,14 @@ class Dialect(ABC):
         """The database's current UTC time plus ``seconds`` (may be negative)."""
 
     # -- connections and transactions ---------------------------------------
+
+    def engine_options(self) -> dict[str, Any]:
+        """Options for ``create_engine`` when the outbox creates its engine from a URL."""
+        return {}
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        """``connect_args`` that bound how long connecting may take (the driver's own name)."""
+        return {}
 
     def connect(self, engine: Engine) -> Connection:
         """Open a connection configured for this dialect's claims."""
@@ -156,6 +190,10 @@ class Dialect(ABC):
             yield conn
 
     # -- capability -----------------------------------------------------------
+
+    @abstractmethod
+    def server_info(self, conn: Connection) -> ServerInfo:
+        """Identify the server (product and version), MySQL and MariaDB told apart."""
 
     @abstractmethod
     def check(self, conn: Connection) -> None:

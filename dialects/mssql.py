@@ -11,13 +11,14 @@ the same committed version and both lease it. Batches stay far below the
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.dialects.base import ReturningDialect, SessionLimits
+from outbox_core.dialects.base import ReturningDialect, ServerInfo, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
 
 MIN_VERSION = (13,)  # SQL Server 2016
@@ -29,6 +30,7 @@ class MssqlDialect(ReturningDialect):
     """SQL Server strategy: ``READPAST`` CTE updated in place with ``OUTPUT``."""
 
     name: ClassVar[str] = "mssql"
+    family: ClassVar[str] = "SQL Server"
     max_batch: ClassVar[int] = 1000
     group_key_scan: ClassVar[bool] = True
 
@@ -58,6 +60,26 @@ class MssqlDialect(ReturningDialect):
         with conn.begin():
             # SET LOCK_TIMEOUT takes a constant, not a parameter; this is an int.
             conn.execute(sa.text(f"SET LOCK_TIMEOUT {round(limits.lock_wait * 1000):d}"))
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        """The driver's connect timeout, in whole seconds."""
+        return {"timeout": max(1, int(seconds))}
+
+    def server_info(self, conn: Connection) -> ServerInfo:
+        """``@@VERSION`` and ``SERVERPROPERTY`` (cast: pyodbc cannot fetch sql_variant)."""
+
+        def prop(name: str) -> str:
+            value = sa.cast(sa.func.serverproperty(name), sa.Unicode(128))
+            return str(conn.execute(sa.select(value)).scalar() or "")
+
+        full = str(conn.execute(sa.select(sa.literal_column("@@VERSION"))).scalar())
+        year = re.search(r"Microsoft SQL Server (\d{4})", full)
+        product = f"SQL Server {year.group(1)}" if year else full.splitlines()[0].strip()
+        first = " ".join(full.split())
+        edition = prop("Edition")
+        return ServerInfo(
+            product, prop("ProductVersion"), f"{first} ({edition})" if edition else first
+        )
 
     def check(self, conn: Connection) -> None:
         """Require SQL Server 2016 (version 13) or newer."""

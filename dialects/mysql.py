@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.dialects.base import Dialect, SessionLimits
+from outbox_core.dialects.base import Dialect, ServerInfo, SessionLimits, version_prefix
 from outbox_core.errors import DatabaseError, UnsupportedDatabase
 from outbox_core.message import Event, NewEvent
 
@@ -42,6 +42,7 @@ class MysqlDialect(Dialect):
     """MySQL / MariaDB strategy: ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE``."""
 
     name: ClassVar[str] = "mysql"
+    family: ClassVar[str] = "MySQL/MariaDB"
     isolation_level: ClassVar[str] = "READ COMMITTED"
     group_key_scan: ClassVar[bool] = True
     #: Set by :meth:`limit_session` on MySQL, whose ``wait_timeout`` also ends
@@ -128,6 +129,20 @@ class MysqlDialect(Dialect):
         if not self.ends_idle_sessions:
             return None
         return max(0.5, math.ceil(limits.idle_in_transaction) - 0.5)
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        """The driver's connect timeout, in whole seconds."""
+        return {"connect_timeout": max(1, int(seconds))}
+
+    def server_info(self, conn: Connection) -> ServerInfo:
+        """``VERSION()`` and ``@@version_comment``: where MySQL and MariaDB are told apart."""
+        full = str(conn.execute(sa.select(sa.func.version())).scalar())
+        comment = str(
+            conn.execute(sa.select(sa.literal_column("@@version_comment"))).scalar() or ""
+        )
+        product = "MariaDB" if "mariadb" in f"{full} {comment}".lower() else "MySQL"
+        described = f"{full} ({comment})" if comment else full
+        return ServerInfo(product, version_prefix(full), described)
 
     def check(self, conn: Connection) -> None:
         """Require MySQL 8.0.1+ or MariaDB 10.6+ (``SKIP LOCKED``)."""

@@ -16,7 +16,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 
-from outbox_core.dialects.base import Listener, ReturningDialect, SessionLimits
+from outbox_core.dialects.base import (
+    Listener,
+    ReturningDialect,
+    ServerInfo,
+    SessionLimits,
+    version_prefix,
+)
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import State
 
@@ -51,6 +57,7 @@ class PostgresqlDialect(ReturningDialect):
     """PostgreSQL strategy: ``FOR UPDATE SKIP LOCKED`` in a materialized CTE."""
 
     name: ClassVar[str] = "postgresql"
+    family: ClassVar[str] = "PostgreSQL"
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``statement_timestamp()``: unlike ``now()`` it moves within a long transaction."""
@@ -59,6 +66,16 @@ class PostgresqlDialect(ReturningDialect):
     def after(self, seconds: float) -> sa.ColumnElement[datetime]:
         """``statement_timestamp() + interval``."""
         return self.now() + sa.literal(timedelta(seconds=seconds), sa.Interval())
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        """The driver's connect timeout, in whole seconds."""
+        return {"connect_timeout": max(1, int(seconds))}
+
+    def server_info(self, conn: Connection) -> ServerInfo:
+        """``version()`` and ``server_version``."""
+        full = str(conn.execute(sa.select(sa.func.version())).scalar())
+        short = conn.execute(sa.select(sa.func.current_setting("server_version"))).scalar()
+        return ServerInfo("PostgreSQL", version_prefix(str(short)), full)
 
     def check(self, conn: Connection) -> None:
         """Require PostgreSQL 12+ (``MATERIALIZED`` CTEs; SKIP LOCKED came in 9.5)."""

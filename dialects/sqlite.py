@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.dialects.base import ReturningDialect
+from outbox_core.dialects.base import ReturningDialect, ServerInfo
 from outbox_core.errors import UnsupportedDatabase
 
 MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
@@ -26,6 +26,7 @@ class SqliteDialect(ReturningDialect):
     """SQLite strategy: one immediate write transaction per claim, leases only."""
 
     name: ClassVar[str] = "sqlite"
+    family: ClassVar[str] = "SQLite"
     row_locks: ClassVar[bool] = False
     app_clock: ClassVar[bool] = True
 
@@ -37,12 +38,21 @@ class SqliteDialect(ReturningDialect):
         """The application's UTC clock plus ``seconds``."""
         return sa.literal(self.utcnow() + timedelta(seconds=seconds), sa.DateTime())
 
+    def engine_options(self) -> dict[str, Any]:
+        """Relays and producers take turns on the write lock: wait up to 30 s, don't fail."""
+        return {"connect_args": {"timeout": 30}}
+
     def begin_statement(self, conn: Connection) -> None:
         """Take the write lock at ``BEGIN`` so a claim never fails upgrading a read lock."""
         dbapi = conn.connection.dbapi_connection
         # A pool configured to emit its own BEGIN already opened the transaction.
         if dbapi is not None and not getattr(dbapi, "in_transaction", False):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def server_info(self, conn: Connection) -> ServerInfo:
+        """The SQLite library Python's ``sqlite3`` was built with."""
+        version = sqlite3.sqlite_version
+        return ServerInfo("SQLite", version, f"SQLite {version} (Python sqlite3)")
 
     def check(self, conn: Connection) -> None:
         """Require SQLite 3.35+ (``RETURNING``)."""

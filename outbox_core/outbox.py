@@ -168,9 +168,7 @@ class Outbox:
         """The engine for installs, status and relays (created from the URL on first use)."""
         if self._engine is None:
             options: dict[str, Any] = {"pool_pre_ping": True}
-            if self.dialect.name == "sqlite":
-                # Relays and producers take turns on the write lock: wait, don't fail.
-                options["connect_args"] = {"timeout": 30}
+            options.update(self.dialect.engine_options())
             options.update(self._engine_options)
             try:
                 self._engine = sa.create_engine(self.url, **options)
