@@ -235,6 +235,46 @@ class Dialect(ABC):
         """The first string (or key) of a JSON value this database cannot store, named."""
         return find_in_json(value, name, self.text_problem)
 
+    # -- what a table of this database can store (``outbox migrate``) --------
+
+    #: Declared text lengths are limits (SQLite keeps any length it is given).
+    enforces_lengths: ClassVar[bool] = True
+    #: JSON columns are parsed by the database, which can refuse parts of them
+    #: (elsewhere JSON is stored as the text it is).
+    parses_json: ClassVar[bool] = False
+
+    def text_storage(
+        self, inspector: sa.Inspector, table: sa.Table, column_type: Any
+    ) -> tuple[int | None, str | None]:
+        """``(byte limit, codec)`` a reflected text column imposes beyond its length.
+
+        The codec (a Python codec name, or ``bmp``: no character beyond
+        U+FFFF) is set where the column's character set is narrower than
+        Unicode. None, None: nothing beyond the length.
+        """
+        return None, None
+
+    def text_length(self, value: str) -> int:
+        """How this database counts the length of ``value`` against a column's length."""
+        return len(value)
+
+    def time_problem(self, name: str, value: datetime) -> str | None:
+        """Why a timestamp column cannot hold ``value``, or None."""
+        return None
+
+    def time_digits(self, column_type: Any) -> int:
+        """Fractional second digits a reflected timestamp column keeps."""
+        precision = getattr(column_type, "precision", None)
+        return 6 if precision is None else min(int(precision), 6)
+
+    def bind_time(self, value: datetime | None) -> datetime | None:
+        """A naive UTC timestamp as this database's timestamp columns take it."""
+        return value
+
+    def json_text(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[str]:
+        """A JSON column read as the exact text the database holds (no decoding)."""
+        return sa.type_coerce(column, sa.UnicodeText)
+
     def read_server_limits(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Read what the server allows (once, before the first enqueue); MySQL: packet size."""
 

@@ -81,6 +81,16 @@ class MssqlDialect(ReturningDialect):
             product, prop("ProductVersion"), f"{first} ({edition})" if edition else first
         )
 
+    def text_length(self, value: str) -> int:
+        """UTF-16 code units: a character outside the BMP takes two of NVARCHAR's length."""
+        return len(value.encode("utf-16-le")) // 2
+
+    def time_digits(self, column_type: Any) -> int:
+        """DATETIME rounds to 1/300 s (no digits kept exactly); DATETIME2 keeps its precision."""
+        if type(column_type).__name__.upper() != "DATETIME2":
+            return 0
+        return super().time_digits(column_type)
+
     def check(self, conn: Connection) -> None:
         """Require SQL Server 2016 (version 13) or newer."""
         version = tuple(conn.dialect.server_version_info or (0,))

@@ -57,6 +57,45 @@ class MysqlDialect(Dialect):
     #: Bytes of an enqueue INSERT besides payload and headers (columns, quoting), generously.
     INSERT_OVERHEAD: ClassVar[int] = 4096
 
+    parses_json: ClassVar[bool] = True
+    #: Bytes a MySQL TEXT column holds, by type.
+    TEXT_BYTES: ClassVar[dict[str, int]] = {
+        "TINYTEXT": 255,
+        "TEXT": 65_535,
+        "MEDIUMTEXT": 16_777_215,
+        "LONGTEXT": 4_294_967_295,
+    }
+    #: Python codecs of the character sets that cannot store every character.
+    NARROW_CHARSETS: ClassVar[dict[str, str]] = {
+        "latin1": "cp1252",
+        "ascii": "ascii",
+        "utf8": "bmp",
+        "utf8mb3": "bmp",
+    }
+
+    def text_storage(
+        self, inspector: sa.Inspector, table: sa.Table, column_type: Any
+    ) -> tuple[int | None, str | None]:
+        """TEXT types hold bytes, not characters; latin1 and utf8mb3 hold fewer characters."""
+        limit = self.TEXT_BYTES.get(type(column_type).__name__.upper())
+        charset = getattr(column_type, "charset", None)
+        if not charset:
+            options = inspector.get_table_options(table.name, schema=table.schema)
+            charset = options.get("mysql_default charset")
+        codec = self.NARROW_CHARSETS.get(str(charset).lower()) if charset else None
+        return limit, codec
+
+    def time_problem(self, name: str, value: datetime) -> str | None:
+        """DATETIME starts at 1000-01-01."""
+        if value.year < 1000:
+            return f"{name} {value.isoformat()} is before 1000-01-01 (MySQL DATETIME)"
+        return None
+
+    def time_digits(self, column_type: Any) -> int:
+        """``DATETIME(fsp)``: 0 digits unless declared."""
+        fsp = getattr(column_type, "fsp", None)
+        return int(fsp) if fsp else 0
+
     def read_server_limits(self, conn: Connection) -> None:
         """``@@max_allowed_packet``: a statement larger than it is refused by the server."""
         if self.max_packet is None:

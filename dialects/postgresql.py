@@ -9,7 +9,7 @@ may run that subquery more than once and lease more than ``limit`` rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -92,6 +92,16 @@ class PostgresqlDialect(ReturningDialect):
         if "\x00" in value:
             return f"{name} contains a NUL character (\\u0000), which PostgreSQL cannot store"
         return super().text_problem(name, value)
+
+    parses_json: ClassVar[bool] = True
+
+    def bind_time(self, value: datetime | None) -> datetime | None:
+        """Aware UTC: a naive value bound to TIMESTAMPTZ is read in the session's time zone."""
+        return None if value is None else value.replace(tzinfo=UTC)
+
+    def json_text(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[str]:
+        """``CAST(payload AS TEXT)``: psycopg would decode jsonb itself."""
+        return sa.cast(column, sa.Text)
 
     def json_suspect(self, text: str) -> bool:
         """JSON text writes NUL as ``\\u0000``."""

@@ -38,6 +38,13 @@ class SqliteDialect(ReturningDialect):
         """The application's UTC clock plus ``seconds``."""
         return sa.literal(self.utcnow() + timedelta(seconds=seconds), sa.DateTime())
 
+    #: Declared lengths are not limits: SQLite keeps any length it is given.
+    enforces_lengths: ClassVar[bool] = False
+
+    def time_digits(self, column_type: Any) -> int:
+        """Timestamps are the text the toolkit writes: microseconds."""
+        return 6
+
     def engine_options(self) -> dict[str, Any]:
         """Relays and producers take turns on the write lock: wait up to 30 s, don't fail."""
         return {"connect_args": {"timeout": 30}}

@@ -64,14 +64,6 @@ _COLUMNS = (
     "sent_at",
     "last_error",
 )
-_MYSQL_TEXT_BYTES = {
-    "TINYTEXT": 255,
-    "TEXT": 65_535,
-    "MEDIUMTEXT": 16_777_215,
-    "LONGTEXT": 4_294_967_295,
-}
-# Python codecs for the MySQL character sets that cannot store every character.
-_MYSQL_CODECS = {"latin1": "cp1252", "ascii": "ascii", "utf8": "bmp", "utf8mb3": "bmp"}
 
 
 class MigrationRefused(OutboxError):
@@ -261,18 +253,6 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC).replace(tzinfo=None)
 
 
-def _for_backend(value: datetime | None, backend: str) -> datetime | None:
-    """What to bind for a timestamp column: aware UTC for TIMESTAMPTZ, naive UTC elsewhere.
-
-    A naive value bound to PostgreSQL's TIMESTAMPTZ is read in the session's
-    time zone, which need not be UTC.
-    """
-    naive = _utc(value)
-    if naive is None or backend != "postgresql":
-        return naive
-    return naive.replace(tzinfo=UTC)
-
-
 # -- what the target can store -----------------------------------------------------------
 
 
@@ -306,7 +286,6 @@ class TargetLimits:
     @classmethod
     def reflect(cls, conn: Connection, table: sa.Table, dialect: Dialect) -> TargetLimits:
         """Read the limits of ``table`` on ``conn`` (which must exist)."""
-        backend = dialect.name
         dialect.read_server_limits(conn)
         inspector = sa.inspect(conn)
         columns = {c["name"]: c for c in inspector.get_columns(table.name, schema=table.schema)}
@@ -319,27 +298,20 @@ class TargetLimits:
         chars: dict[str, int | None] = {}
         max_bytes: dict[str, int] = {}
         codecs: dict[str, str] = {}
-        default_charset = None
-        if backend == "mysql":
-            options = inspector.get_table_options(table.name, schema=table.schema)
-            default_charset = options.get("mysql_default charset")
         for name in ("event_id", "topic", "key", "last_error"):
             col_type = columns[name]["type"]
-            if backend != "sqlite":  # SQLite stores any length it is given
+            if dialect.enforces_lengths:
                 length = getattr(col_type, "length", None)
                 chars[name] = length if isinstance(length, int) else None
-            if backend == "mysql":
-                limit = _MYSQL_TEXT_BYTES.get(type(col_type).__name__.upper())
-                if limit is not None:
-                    max_bytes[name] = limit
-                charset = getattr(col_type, "charset", None) or default_charset
-                codec = _MYSQL_CODECS.get(str(charset).lower()) if charset else None
-                if codec:
-                    codecs[name] = codec
+            byte_limit, codec = dialect.text_storage(inspector, table, col_type)
+            if byte_limit is not None:
+                max_bytes[name] = byte_limit
+            if codec:
+                codecs[name] = codec
         uuid_id = isinstance(columns["event_id"]["type"], sa.Uuid) or (
             type(columns["event_id"]["type"]).__name__.upper() in ("UUID", "UNIQUEIDENTIFIER")
         )
-        return cls(backend, dialect, chars, max_bytes, codecs, uuid_id)
+        return cls(dialect.name, dialect, chars, max_bytes, codecs, uuid_id)
 
     def problem(self, event: SourceEvent) -> str | None:
         """Why the target cannot store ``event`` exactly, or None when it can."""
@@ -371,11 +343,11 @@ class TargetLimits:
         found = self.dialect.size_problem(sized)
         if found:
             return found
-        if self.backend == "mysql":
-            for name in ("available_at", "created_at", "sent_at"):
-                value = getattr(event, name)
-                if value is not None and value.year < 1000:
-                    return f"{name} {value.isoformat()} is before 1000-01-01 (MySQL DATETIME)"
+        for name in ("available_at", "created_at", "sent_at"):
+            value = getattr(event, name)
+            found = self.dialect.time_problem(name, value) if value is not None else None
+            if found:
+                return found
         return None
 
     def _text_problem(self, name: str, value: str) -> str | None:
@@ -384,8 +356,7 @@ class TargetLimits:
             return found
         encoded = value.encode("utf-8")
         limit = self.chars.get(name)
-        # SQL Server counts UTF-16 code units: a character outside the BMP takes two.
-        length = len(value.encode("utf-16-le")) // 2 if self.backend == "mssql" else len(value)
+        length = self.dialect.text_length(value)
         if limit is not None and length > limit:
             return (
                 f"{name} is {length} characters long; the target column holds {limit} "
@@ -408,7 +379,7 @@ class TargetLimits:
     def _json_problem(self, name: str, value: Any) -> str | None:
         # SQLAlchemy writes JSON as ASCII text: SQLite and SQL Server (NVARCHAR) take
         # any of it; PostgreSQL's jsonb and MySQL's JSON parse it and can refuse.
-        if value is None or self.backend not in ("postgresql", "mysql"):
+        if value is None or not self.dialect.parses_json:
             return None
         try:
             text = check_json(value, name)  # not JSON, or a lone surrogate: named
@@ -468,8 +439,9 @@ class SourceEvent:
             last_error=row[11],
         )
 
-    def target_values(self, backend: str) -> dict[str, Any]:
+    def target_values(self, dialect: Dialect) -> dict[str, Any]:
         """The row to insert on the target: leases dropped, leased copied as pending."""
+        when = dialect.bind_time
         state = State.PENDING if self.state == State.LEASED else State(self.state)
         return {
             "event_id": self.event_id,
@@ -479,11 +451,11 @@ class SourceEvent:
             "headers": self.headers,
             "state": int(state),
             "attempts": self.attempts,
-            "available_at": _for_backend(self.available_at, backend),
+            "available_at": when(_utc(self.available_at)),
             "lease_owner": None,
             "lease_until": None,
-            "created_at": _for_backend(self.created_at, backend),
-            "sent_at": _for_backend(self.sent_at, backend),
+            "created_at": when(_utc(self.created_at)),
+            "sent_at": when(_utc(self.sent_at)),
             "last_error": self.last_error,
         }
 
@@ -757,7 +729,7 @@ class _Copy:
         for event in events:
             state_there = present.get(event.event_id.lower())
             if state_there is None:
-                rows.append(event.target_values(self.limits.backend))
+                rows.append(event.target_values(self.limits.dialect))
                 # A sent event is never published again: where it lands does not matter.
                 if event.key is not None and event.state != State.SENT:
                     self.inserted_keys.setdefault(event.key, event.event_id)
@@ -862,20 +834,10 @@ def plan(
 
 def _time_digits(conn: Connection, outbox: Outbox) -> int:
     """Fractional digits of ``created_at`` the table keeps."""
-    backend = outbox.dialect.name
-    if backend == "sqlite":
-        return 6  # stores the text it is given; the toolkit writes microseconds
     table = outbox.table
     columns = sa.inspect(conn).get_columns(table.name, schema=table.schema)
     col_type = next(c["type"] for c in columns if c["name"] == "created_at")
-    name = type(col_type).__name__.upper()
-    if backend == "mysql":
-        fsp = getattr(col_type, "fsp", None)
-        return int(fsp) if fsp else 0
-    if backend == "mssql" and name != "DATETIME2":
-        return 0  # DATETIME rounds to 1/300 s
-    precision = getattr(col_type, "precision", None)
-    return 6 if precision is None else min(int(precision), 6)
+    return outbox.dialect.time_digits(col_type)
 
 
 def _time_key(value: datetime | None, digits: int | None) -> str | None:
@@ -919,10 +881,7 @@ def _row_hash(
 
 def _payload_text(outbox: Outbox) -> sa.ColumnElement[str]:
     """The payload as the JSON text the database holds (decoded by us, numbers exactly)."""
-    column = outbox.table.c.payload
-    if outbox.dialect.name == "postgresql":
-        return sa.cast(column, sa.Text)  # psycopg would decode jsonb itself
-    return sa.type_coerce(column, sa.UnicodeText)  # text already: skip SQLAlchemy's decoding
+    return outbox.dialect.json_text(outbox.table.c.payload)
 
 
 def _digest(outbox: Outbox, states: Sequence[int], batch: int, digits: int | None) -> _Digest:

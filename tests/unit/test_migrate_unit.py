@@ -558,6 +558,6 @@ def test_alembic_example_with_real_alembic(tmp_path: Path) -> None:
 def test_timestamps_bound_per_backend() -> None:
     aware = datetime(2024, 1, 1, 14, 0, tzinfo=UTC) + timedelta(microseconds=5)
     e = event(created_at=aware.replace(tzinfo=None), available_at=NOW)
-    values = e.target_values("postgresql")
+    values = e.target_values(PG.dialect)
     assert values["created_at"] == aware and values["created_at"].tzinfo is not None
-    assert e.target_values("mysql")["created_at"].tzinfo is None
+    assert e.target_values(MYSQL.dialect)["created_at"].tzinfo is None
