@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -29,6 +29,11 @@ from sqlalchemy.sql.dml import Insert
 from outbox_core.errors import PayloadError, UnknownDialect
 from outbox_core.message import Event, Failure, NewEvent, State, find_in_json
 from outbox_core.schema import OutboxTables
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+    from outbox_core.doctor import Check, Finding
 
 #: Longest error text kept in ``last_error``.
 MAX_ERROR = 2000
@@ -190,6 +195,27 @@ class Dialect(ABC):
             yield conn
 
     # -- capability -----------------------------------------------------------
+
+    # -- ``outbox doctor`` ------------------------------------------------------
+
+    #: How concurrent claims keep apart, for people.
+    locking: ClassVar[str] = "claims skip each other's rows"
+    #: The fix when :meth:`check` refuses the server.
+    upgrade_hint: ClassVar[str | None] = None
+    #: A primary key can be added to an existing table (SQLite cannot).
+    can_add_primary_key: ClassVar[bool] = True
+
+    def doctor_checks(self) -> list[tuple[str, Check]]:
+        """This database's own checks (isolation, vacuum, storage engine, ...), by finding name.
+
+        Each dialect keeps them in its ``doctor`` module, imported only when
+        the doctor runs.
+        """
+        return []
+
+    def doctor_preflight(self, url: URL, install_command: str) -> Finding | None:
+        """A problem to report instead of connecting at all (SQLite: a mistyped file)."""
+        return None
 
     @abstractmethod
     def server_info(self, conn: Connection) -> ServerInfo:

@@ -22,6 +22,10 @@ import click
 from outbox_core.brokers.base import create_broker
 from outbox_core.clitools import DIALECT_NAMES, handle_errors
 from outbox_core.config import Settings, load_settings, mask_url, parse_duration, redact
+from outbox_core.doctor.model import (
+    DEAD_TUPLE_RATIO,
+    MIN_DEAD_TUPLES,
+)
 from outbox_core.errors import ConfigurationError
 from outbox_core.outbox import Outbox, Status
 from outbox_core.schema import OutboxTables
@@ -366,12 +370,98 @@ def demo(events: int, keys: int) -> None:
     sys.exit(0 if report.ok else 1)
 
 
+@main.command("doctor")
+@click.option("--db", "database_url", help="Database URL [env OUTBOX_DATABASE_URL].")
+@click.option("--table", help="Outbox table name [default: outbox].")
+@click.option("--schema", "schema", help="Database schema of the table.")
+@click.option(
+    "--dialect", type=click.Choice(DIALECT_NAMES), help="Override the dialect of the URL."
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML settings file [default: ./outbox.toml].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
+@click.option(
+    "--max-backlog-age",
+    default="5m",
+    show_default=True,
+    help="Longest acceptable wait of the oldest due event.",
+)
+@click.option(
+    "--long-transaction",
+    default="5m",
+    show_default=True,
+    help="PostgreSQL: report transactions open longer than this.",
+)
+@click.option(
+    "--dead-tuple-ratio",
+    default=DEAD_TUPLE_RATIO,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="PostgreSQL: warn when dead row versions exceed this share of live rows...",
+)
+@click.option(
+    "--min-dead-tuples",
+    default=MIN_DEAD_TUPLES,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="...and number at least this many.",
+)
+@handle_errors
+def doctor_command(
+    config_file: str | None,
+    as_json: bool,
+    strict: bool,
+    max_backlog_age: str,
+    long_transaction: str,
+    dead_tuple_ratio: float,
+    min_dead_tuples: int,
+    **values: Any,
+) -> None:
+    """Check the database set-up and explain how to fix what is wrong.
+
+    Exit 0 when healthy, 1 on an error (or a warning with --strict).
+    """
+    from outbox_core.doctor import diagnose, exit_code, render_report, report_dict
+
+    settings = load_settings(values, config_file=config_file)
+    if not settings.database_url:
+        raise ConfigurationError(
+            "no database URL: pass --db, set OUTBOX_DATABASE_URL, or database_url in outbox.toml"
+        )
+    outbox = Outbox(
+        settings.database_url,
+        table=settings.table,
+        schema=settings.schema,
+        dialect=settings.dialect,
+    )
+    try:
+        findings = diagnose(
+            outbox,
+            max_backlog_age=parse_duration(max_backlog_age, "--max-backlog-age"),
+            long_transaction=parse_duration(long_transaction, "--long-transaction"),
+            dead_tuple_ratio=dead_tuple_ratio,
+            min_dead_tuples=min_dead_tuples,
+        )
+    finally:
+        outbox.dispose()
+    if as_json:
+        click.echo(json.dumps(report_dict(outbox, findings, strict=strict), default=str))
+    else:
+        url = mask_url(outbox.url.render_as_string(hide_password=False))
+        title = f"outbox doctor: {url}, table {outbox.table.fullname} ({outbox.dialect.name})"
+        click.echo(render_report(findings, title=title))
+    sys.exit(exit_code(findings, strict=strict))
+
+
 def _register_commands() -> None:
-    # Imported here: doctor imports a few helpers of this module.
-    from outbox_core.doctor import doctor_command
+    # Imported here: migrate imports a few helpers of this module.
     from outbox_core.migrate import migrate_command
 
-    main.add_command(doctor_command)
     main.add_command(migrate_command)
 
 

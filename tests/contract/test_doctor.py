@@ -17,14 +17,8 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from outbox_core import Outbox, State
-from outbox_core.doctor import (
-    Finding,
-    Severity,
-    diagnose,
-    doctor_command,
-    expected_indexes,
-    render_report,
-)
+from outbox_core.cli import doctor_command
+from outbox_core.doctor import Finding, Severity, diagnose, expected_indexes, render_report
 from outbox_core.schema import OutboxTables
 
 

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import ReturningDialect, ServerInfo
 from outbox_core.errors import UnsupportedDatabase
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+    from outbox_core.doctor import Check, Finding
+
 
 MIN_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
 
@@ -27,6 +33,14 @@ class SqliteDialect(ReturningDialect):
 
     name: ClassVar[str] = "sqlite"
     family: ClassVar[str] = "SQLite"
+    locking: ClassVar[str] = (
+        "claims take turns on the database's write lock (BEGIN IMMEDIATE; SQLite has "
+        "no row locks) and leases keep relays apart"
+    )
+    upgrade_hint: ClassVar[str | None] = (
+        "use a Python whose sqlite3 links SQLite 3.35 or newer (UPDATE ... RETURNING)"
+    )
+    can_add_primary_key: ClassVar[bool] = False
     row_locks: ClassVar[bool] = False
     app_clock: ClassVar[bool] = True
 
@@ -55,6 +69,18 @@ class SqliteDialect(ReturningDialect):
         # A pool configured to emit its own BEGIN already opened the transaction.
         if dbapi is not None and not getattr(dbapi, "in_transaction", False):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def doctor_checks(self) -> list[tuple[str, Check]]:
+        """See ``doctor.py`` beside this module."""
+        from outbox_core.dialects.sqlite.doctor import CHECKS
+
+        return list(CHECKS)
+
+    def doctor_preflight(self, url: URL, install_command: str) -> Finding | None:
+        """A file database that does not exist would be created by connecting: report it."""
+        from outbox_core.dialects.sqlite.doctor import missing_file
+
+        return missing_file(url.database, install_command)
 
     def server_info(self, conn: Connection) -> ServerInfo:
         """The SQLite library Python's ``sqlite3`` was built with."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -25,6 +25,10 @@ from outbox_core.dialects.base import (
 )
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import State
+
+if TYPE_CHECKING:
+    from outbox_core.doctor import Check
+
 
 MIN_VERSION = (12,)
 
@@ -58,6 +62,8 @@ class PostgresqlDialect(ReturningDialect):
 
     name: ClassVar[str] = "postgresql"
     family: ClassVar[str] = "PostgreSQL"
+    locking: ClassVar[str] = "claims skip each other's rows with FOR UPDATE SKIP LOCKED"
+    upgrade_hint: ClassVar[str | None] = "upgrade to PostgreSQL 12 or newer"
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``statement_timestamp()``: unlike ``now()`` it moves within a long transaction."""
@@ -70,6 +76,12 @@ class PostgresqlDialect(ReturningDialect):
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """The driver's connect timeout, in whole seconds."""
         return {"connect_timeout": max(1, int(seconds))}
+
+    def doctor_checks(self) -> list[tuple[str, Check]]:
+        """See ``doctor.py`` beside this module."""
+        from outbox_core.dialects.postgresql.doctor import CHECKS
+
+        return list(CHECKS)
 
     def server_info(self, conn: Connection) -> ServerInfo:
         """``version()`` and ``server_version``."""

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import ReturningDialect, ServerInfo, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
+
+if TYPE_CHECKING:
+    from outbox_core.doctor import Check
+
 
 MIN_VERSION = (13,)  # SQL Server 2016
 CLAIM_HINT = "WITH (ROWLOCK, UPDLOCK, READPAST)"
@@ -31,6 +35,8 @@ class MssqlDialect(ReturningDialect):
 
     name: ClassVar[str] = "mssql"
     family: ClassVar[str] = "SQL Server"
+    locking: ClassVar[str] = "claims skip each other's rows with READPAST"
+    upgrade_hint: ClassVar[str | None] = "upgrade to SQL Server 2016 (13.0) or newer"
     max_batch: ClassVar[int] = 1000
     group_key_scan: ClassVar[bool] = True
 
@@ -64,6 +70,12 @@ class MssqlDialect(ReturningDialect):
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """The driver's connect timeout, in whole seconds."""
         return {"timeout": max(1, int(seconds))}
+
+    def doctor_checks(self) -> list[tuple[str, Check]]:
+        """See ``doctor.py`` beside this module."""
+        from outbox_core.dialects.mssql.doctor import CHECKS
+
+        return list(CHECKS)
 
     def server_info(self, conn: Connection) -> ServerInfo:
         """``@@VERSION`` and ``SERVERPROPERTY`` (cast: pyodbc cannot fetch sql_variant)."""

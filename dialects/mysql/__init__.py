@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -20,6 +20,10 @@ from sqlalchemy.engine import Connection
 from outbox_core.dialects.base import Dialect, ServerInfo, SessionLimits, version_prefix
 from outbox_core.errors import DatabaseError, UnsupportedDatabase
 from outbox_core.message import Event, NewEvent
+
+if TYPE_CHECKING:
+    from outbox_core.doctor import Check
+
 
 MYSQL_MIN = (8, 0, 1)
 MARIADB_MIN = (10, 6)
@@ -43,6 +47,10 @@ class MysqlDialect(Dialect):
 
     name: ClassVar[str] = "mysql"
     family: ClassVar[str] = "MySQL/MariaDB"
+    locking: ClassVar[str] = "claims skip each other's rows with FOR UPDATE SKIP LOCKED"
+    upgrade_hint: ClassVar[str | None] = (
+        "upgrade to MySQL 8.0.1+ or MariaDB 10.6+ (the first with SKIP LOCKED)"
+    )
     isolation_level: ClassVar[str] = "READ COMMITTED"
     group_key_scan: ClassVar[bool] = True
     #: Set by :meth:`limit_session` on MySQL, whose ``wait_timeout`` also ends
@@ -172,6 +180,12 @@ class MysqlDialect(Dialect):
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """The driver's connect timeout, in whole seconds."""
         return {"connect_timeout": max(1, int(seconds))}
+
+    def doctor_checks(self) -> list[tuple[str, Check]]:
+        """See ``doctor.py`` beside this module."""
+        from outbox_core.dialects.mysql.doctor import CHECKS
+
+        return list(CHECKS)
 
     def server_info(self, conn: Connection) -> ServerInfo:
         """``VERSION()`` and ``@@version_comment``: where MySQL and MariaDB are told apart."""

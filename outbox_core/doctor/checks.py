@@ -1,0 +1,345 @@
+"""The checks of ``outbox doctor`` every database shares, and the runner.
+
+Each database adds its own (isolation, vacuum, storage engine, journal mode)
+through :meth:`Dialect.doctor_checks`; see ``outbox_core/dialects/<name>/doctor.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.schema import AddConstraint, CreateIndex
+
+from outbox_core.config import mask_url
+from outbox_core.doctor.model import (
+    DEAD_TUPLE_RATIO,
+    LONG_TRANSACTION,
+    MAX_BACKLOG_AGE,
+    MIN_DEAD_TUPLES,
+    DoctorContext,
+    Finding,
+    Severity,
+    Thresholds,
+    aware,
+    error_text,
+    format_age,
+)
+from outbox_core.errors import OutboxError, UnsupportedDatabase
+from outbox_core.message import State
+
+if TYPE_CHECKING:
+    from outbox_core.outbox import Outbox
+
+#: One check: findings from an open context.
+Check = Callable[[DoctorContext], Iterable[Finding]]
+
+
+def diagnose(
+    outbox: Outbox,
+    *,
+    max_backlog_age: float = MAX_BACKLOG_AGE,
+    long_transaction: float = LONG_TRANSACTION,
+    dead_tuple_ratio: float = DEAD_TUPLE_RATIO,
+    min_dead_tuples: int = MIN_DEAD_TUPLES,
+) -> list[Finding]:
+    """Check ``outbox``'s database and tables; return every finding, worst first.
+
+    Thresholds: ``max_backlog_age`` seconds the oldest due event may wait,
+    ``long_transaction`` seconds before an open transaction is reported
+    (PostgreSQL, MySQL/MariaDB), and dead row versions above ``dead_tuple_ratio`` x live rows
+    (and at least ``min_dead_tuples``). Nothing is written to the database.
+    """
+    limits = Thresholds(max_backlog_age, long_transaction, dead_tuple_ratio, min_dead_tuples)
+    missing = outbox.dialect.doctor_preflight(outbox.url, DoctorContext.install_command_for(outbox))
+    if missing is not None:
+        return [missing]
+    try:
+        conn = outbox.engine.connect()
+    except (sa.exc.SQLAlchemyError, OutboxError) as exc:
+        url = mask_url(outbox.url.render_as_string(hide_password=False))
+        return [
+            Finding(
+                "connection",
+                Severity.ERROR,
+                f"cannot connect to {url}: {error_text(exc)}",
+                fix="check the URL, the credentials, that the server runs and is reachable "
+                "from here, and that the driver is installed",
+            )
+        ]
+    findings: list[Finding] = []
+    with conn:
+        ctx = DoctorContext(outbox, conn, limits)
+        checks: list[tuple[str, Check]] = [
+            ("version", _check_version),
+            ("tables", _check_tables),
+            ("index", _check_indexes),
+            *outbox.dialect.doctor_checks(),  # isolation, WAL, vacuum, engines, ...
+            ("backlog", _check_backlog),
+            ("dead_events", _check_dead_events),
+        ]
+        for name, check in checks:
+            findings.extend(_run(ctx, name, check))
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
+    return sorted(findings, key=lambda f: order[f.severity])
+
+
+def _run(ctx: DoctorContext, name: str, check: Check) -> list[Finding]:
+    """Run one check in its own read transaction; a failure is reported, not raised."""
+    try:
+        return list(check(ctx))
+    except (sa.exc.SQLAlchemyError, OutboxError) as exc:
+        return [
+            Finding(
+                name,
+                Severity.WARNING,
+                f"the check could not run: {error_text(exc)}",
+                fix="run the doctor as a user that can read the outbox tables and the "
+                "server's catalog views",
+            )
+        ]
+    finally:
+        # End the check's transaction: the doctor must not hold a snapshot
+        # (it would be a long transaction itself) or a failed one (PostgreSQL).
+        with contextlib.suppress(sa.exc.SQLAlchemyError):
+            ctx.conn.rollback()
+
+
+def _check_version(ctx: DoctorContext) -> Iterable[Finding]:
+    label = ctx.outbox.dialect.server_info(ctx.conn).label
+    try:
+        ctx.outbox.dialect.check(ctx.conn)
+    except UnsupportedDatabase as exc:
+        yield Finding(
+            "version",
+            Severity.ERROR,
+            str(exc),
+            fix=ctx.outbox.dialect.upgrade_hint,
+            details={"server": label},
+        )
+        return
+    yield Finding(
+        "version",
+        Severity.OK,
+        f"{label}: {ctx.outbox.dialect.locking}",
+        details={"server": label},
+    )
+
+
+def _check_tables(ctx: DoctorContext) -> Iterable[Finding]:
+    inspector = sa.inspect(ctx.conn)
+    for key, table in ctx.tables():
+        if inspector.has_table(table.name, schema=table.schema):
+            ctx.present.add(key)
+            continue
+        if key == "outbox":
+            yield Finding(
+                "tables",
+                Severity.ERROR,
+                f"the outbox table {table.fullname} does not exist",
+                fix=ctx.install_command(),
+            )
+        else:
+            yield Finding(
+                "tables",
+                Severity.WARNING,
+                f"the inbox table {table.fullname} does not exist: Inbox.record fails "
+                "until it does (ignore this if no consumer uses the inbox here)",
+                fix=f"{ctx.install_command()}  (creates only what is missing)",
+            )
+    if "inbox" in ctx.present:
+        yield from _inbox_primary_key(ctx, inspector)
+    if ctx.present == {"outbox", "inbox"}:
+        names = ", ".join(t.fullname for _, t in ctx.tables())
+        yield Finding("tables", Severity.OK, f"tables {names} exist")
+
+
+def _inbox_primary_key(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[Finding]:
+    table = ctx.outbox.tables.inbox
+    found = inspector.get_pk_constraint(table.name, schema=table.schema)
+    columns = [str(c).lower() for c in found.get("constrained_columns") or []]
+    if columns == ["consumer", "event_id"]:
+        return
+    if not ctx.outbox.dialect.can_add_primary_key:
+        fix = (
+            f"SQLite cannot add a primary key: drop {table.fullname} (its rows only "
+            f"deduplicate past deliveries) and run {ctx.install_command()}"
+        )
+    else:
+        ddl = AddConstraint(table.primary_key).compile(dialect=ctx.conn.dialect)
+        fix = str(ddl).strip() + ";"
+    yield Finding(
+        "tables",
+        Severity.ERROR,
+        f"the inbox table {table.fullname} has primary key {columns or 'none'} instead of "
+        "(consumer, event_id): duplicates are not detected",
+        fix=fix,
+        details={"primary_key": columns},
+    )
+
+
+#: Why each index of schema.py matters, by its leading columns.
+_INDEX_PURPOSE = {
+    ("state", "id"): "claims read pending rows in id order through it",
+    ("state", "key", "id"): "ordered claims: the walk over keys with pending rows and the "
+    "head-of-key check",
+    ("state", "lease_until"): "returning expired leases",
+    ("event_id",): "event ids must stay unique",
+    ("id",): "a partial index of pending rows keeps the claim's scan small",
+    ("processed_at",): "inbox cleanup by age",
+}
+
+
+def expected_indexes(outbox: Outbox, dialect: sa.Dialect) -> dict[str, str]:
+    """Index name -> its ``CREATE INDEX`` for ``dialect``, as ``outbox install`` creates them.
+
+    Built by running the schema's ``create_all`` against a mock engine, so
+    indexes limited to some databases (the partial pending index) are only
+    expected where they exist.
+    """
+    ddl: dict[str, str] = {}
+
+    def record(element: sa.schema.ExecutableDDLElement, *_: object, **__: object) -> None:
+        if isinstance(element, CreateIndex):
+            index = element.element
+            ddl[str(index.name)] = str(element.compile(dialect=dialect)).strip() + ";"
+
+    mock = sa.create_mock_engine(sa.engine.URL.create(outbox.url.drivername), record)
+    tables = outbox.tables
+    tables.metadata.create_all(mock, tables=[tables.outbox, tables.inbox], checkfirst=False)
+    return ddl
+
+
+def _check_indexes(ctx: DoctorContext) -> Iterable[Finding]:
+    inspector = sa.inspect(ctx.conn)
+    wanted = expected_indexes(ctx.outbox, ctx.conn.dialect)
+    missing = 0
+    for key, table in ctx.tables():
+        if key not in ctx.present:
+            continue
+        found = [
+            (
+                tuple(str(c).lower() for c in ix.get("column_names") or [] if c is not None),
+                bool(ix.get("unique")),
+            )
+            for ix in inspector.get_indexes(table.name, schema=table.schema)
+        ]
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if str(index.name) not in wanted:
+                continue  # not created on this database
+            columns = tuple(c.name.lower() for c in index.columns)
+            if any(cols == columns and (unique or not index.unique) for cols, unique in found):
+                continue
+            missing += 1
+            purpose = _INDEX_PURPOSE.get(columns, "part of the outbox schema")
+            yield Finding(
+                "index",
+                Severity.ERROR if key == "outbox" else Severity.WARNING,
+                f"missing {'unique ' if index.unique else ''}index {index.name} on "
+                f"{table.fullname} ({', '.join(columns)}): {purpose}",
+                fix=wanted[str(index.name)],
+                details={"table": table.fullname, "index": index.name, "columns": list(columns)},
+            )
+    if ctx.present and not missing:
+        yield Finding("index", Severity.OK, f"all {len(wanted)} expected indexes are present")
+
+
+def _check_backlog(ctx: DoctorContext) -> Iterable[Finding]:
+    if "outbox" not in ctx.present:
+        return
+    t = ctx.outbox.table
+    dialect = ctx.outbox.dialect
+    now = dialect.now()
+    pending = t.c.state == int(State.PENDING)
+    pending_n, due_n, oldest_due, expired, db_now = ctx.conn.execute(
+        sa.select(
+            sa.select(sa.func.count()).select_from(t).where(pending).scalar_subquery(),
+            sa.select(sa.func.count())
+            .select_from(t)
+            .where(pending, t.c.available_at <= now)
+            .scalar_subquery(),
+            sa.select(sa.func.min(t.c.available_at))
+            .where(pending, t.c.available_at <= now)
+            .scalar_subquery(),
+            sa.select(sa.func.count())
+            .select_from(t)
+            .where(t.c.state == int(State.LEASED), t.c.lease_until < now)
+            .scalar_subquery(),
+            now,
+        )
+    ).one()
+    waited = None
+    if oldest_due is not None:
+        waited = max(0.0, (aware(db_now) - aware(oldest_due)).total_seconds())
+    details = {
+        "pending": int(pending_n),
+        "due": int(due_n),
+        "oldest_due_age": waited,
+        "expired_leases": int(expired),
+    }
+    leases = (
+        f"; {expired} expired lease(s): a relay died mid-batch, a running relay returns them"
+        if expired
+        else ""
+    )
+    limit = ctx.limits.max_backlog_age
+    if waited is not None and waited > limit:
+        yield Finding(
+            "backlog",
+            Severity.WARNING,
+            f"the oldest due event has waited {format_age(waited)} for a relay (threshold "
+            f"{format_age(limit)}); {due_n} due of {pending_n} pending{leases}",
+            fix="start a relay (outbox relay) or check its logs for errors; if relays run "
+            "and cannot keep up, add relays or raise --batch-size",
+            details=details,
+        )
+        return
+    age = "nothing due" if waited is None else f"oldest due waited {format_age(waited)}"
+    yield Finding(
+        "backlog",
+        Severity.OK,
+        f"{pending_n} pending, {age} (threshold {format_age(limit)}){leases}",
+        details=details,
+    )
+
+
+def _check_dead_events(ctx: DoctorContext) -> Iterable[Finding]:
+    if "outbox" not in ctx.present:
+        return
+    t = ctx.outbox.table
+    dead = t.c.state == int(State.DEAD)
+    per_topic = (
+        sa.select(t.c.topic, sa.func.count().label("n"), sa.func.max(t.c.id).label("last"))
+        .where(dead)
+        .group_by(t.c.topic)
+        .subquery()
+    )
+    rows = ctx.conn.execute(
+        sa.select(per_topic.c.topic, per_topic.c.n, t.c.last_error)
+        .join_from(per_topic, t, t.c.id == per_topic.c.last)
+        .order_by(per_topic.c.n.desc(), per_topic.c.topic)
+    ).all()
+    if not rows:
+        yield Finding("dead_events", Severity.OK, "no dead events")
+        return
+    total = sum(int(r[1]) for r in rows)
+    topics = [
+        {"topic": topic, "count": int(n), "last_error": (error or "").strip()[:200] or None}
+        for topic, n, error in rows
+    ]
+    described = "; ".join(
+        f"{d['topic']}: {d['count']}"
+        + (f" (last error: {str(d['last_error']).splitlines()[0][:80]})" if d["last_error"] else "")
+        for d in topics[:10]
+    )
+    first = topics[0]["topic"]
+    yield Finding(
+        "dead_events",
+        Severity.WARNING,
+        f"{total} dead event(s) are not being published: {described}",
+        fix=f"fix the cause named by last_error (outbox status shows it), then replay: "
+        f"outbox replay --topic {first} (or --all); dead events are kept, never cleaned up",
+        details={"dead": total, "topics": topics},
+    )
