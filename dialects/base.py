@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -1092,6 +1092,26 @@ class Dialect(ABC):
                 )
             )
             return conn.execute(sa.delete(t).where(match)).rowcount
+
+
+def delete_in_batches(
+    delete_batch: Callable[[int], int], *, batch: int, max_batches: int | None = None
+) -> int:
+    """Run ``delete_batch(batch)`` (one short transaction each) until little is left.
+
+    Stops when a call deletes fewer than ``batch`` rows or after
+    ``max_batches`` calls; returns the rows deleted. Bounded batches keep
+    every transaction short (no lock escalation, no long-held locks), so
+    relays and producers never wait behind a large delete.
+    """
+    total = done = 0
+    while max_batches is None or done < max_batches:
+        deleted = delete_batch(batch)
+        total += deleted
+        done += 1
+        if deleted < batch:
+            break
+    return total
 
 
 # -- registry ------------------------------------------------------------------

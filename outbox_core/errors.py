@@ -6,6 +6,9 @@ Driver exceptions never escape raw from the public API: they are wrapped in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class OutboxError(Exception):
     """Base class of every error raised by the toolkit."""
@@ -53,3 +56,22 @@ class BrokerError(OutboxError):
 
 class LeaseLost(OutboxError):
     """A relay tried to settle events whose lease another relay now holds."""
+
+
+@contextmanager
+def translate_errors(operation: str) -> Iterator[None]:
+    """Re-raise SQLAlchemy / driver errors as :class:`DatabaseError`, passwords masked.
+
+    The toolkit's own operations (claim, settle, status, migrate, ...) wrap
+    their statements in it, so callers catch one exception type whatever the
+    driver, and no URL with a password reaches a log line.
+    """
+    import sqlalchemy as sa
+
+    from outbox_core.config import redact  # config imports this module
+
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as exc:
+        detail = getattr(exc, "orig", None) or exc
+        raise DatabaseError(redact(f"{operation} failed: {detail}")) from exc

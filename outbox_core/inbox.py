@@ -50,9 +50,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.orm import Session
 
-from outbox_core.errors import ConfigurationError, DatabaseError, EventError
+from outbox_core.dialects.base import delete_in_batches
+from outbox_core.errors import ConfigurationError, DatabaseError, EventError, translate_errors
 from outbox_core.outbox import Outbox
-from outbox_core.relay import translate_errors
 from outbox_core.schema import DEFAULT_TABLE
 
 if TYPE_CHECKING:
@@ -245,15 +245,11 @@ class Inbox:
                 "record_async needs the AsyncConnection or AsyncSession of your transaction, "
                 f"not {type(conn).__name__}"
             )
-        stmt = self.insert_statement(consumer, event_id)
-        key = normalize_event_id(event_id)
-        if isinstance(conn, AsyncConnection):
-            await conn.run_sync(lambda sync: self.dialect.inbox_guard(sync, consumer, key))
-        else:
-            await conn.run_sync(
-                lambda sync: self.dialect.inbox_guard(sync.connection(), consumer, key)
-            )
-        return _rowcount(await conn.execute(stmt)) == 1
+
+        def record(sync: Connection | Session) -> bool:
+            return self.record(sync, consumer, event_id)
+
+        return await conn.run_sync(record)
 
     async def seen_async(
         self,
@@ -282,16 +278,12 @@ class Inbox:
         if batch < 1:
             raise ConfigurationError("inbox cleanup: batch must be at least 1")
         batch = min(batch, self.dialect.max_batch)
-        total = 0
-        done = 0
         with translate_errors("inbox cleanup"), self.outbox.engine.connect() as conn:
-            while max_batches is None or done < max_batches:
-                n = self.dialect.inbox_cleanup(conn, older_than=older_than, batch=batch)
-                total += n
-                done += 1
-                if n < batch:
-                    break
-        return total
+            return delete_in_batches(
+                lambda n: self.dialect.inbox_cleanup(conn, older_than=older_than, batch=n),
+                batch=batch,
+                max_batches=max_batches,
+            )
 
 
 def cleanup_inbox(outbox: Outbox, older_than: float, batch: int = 1000) -> int:

@@ -34,10 +34,9 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.config import mask_url, redact
 from outbox_core.dialects.base import Dialect, get_dialect
-from outbox_core.errors import OutboxError, PayloadError
+from outbox_core.errors import OutboxError, PayloadError, translate_errors
 from outbox_core.message import NewEvent, State, check_json, dump_json
 from outbox_core.outbox import Outbox
-from outbox_core.relay import translate_errors
 from outbox_core.schema import OutboxTables
 
 #: States copied by default: pending, leased (copied as pending) and dead.

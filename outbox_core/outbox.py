@@ -23,10 +23,10 @@ from sqlalchemy.orm import Session
 from outbox_core import tracing
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import Settings, mask_url
-from outbox_core.dialects.base import Dialect, get_dialect
-from outbox_core.errors import ConfigurationError, TableMissing
+from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
+from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.message import NewEvent, State, build_new_event
-from outbox_core.relay import Relay, translate_errors
+from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
 
@@ -260,7 +260,12 @@ class Outbox:
         headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None,
     ) -> str:
-        """Like :meth:`enqueue`, for an ``AsyncConnection`` or ``AsyncSession``."""
+        """Like :meth:`enqueue`, for an ``AsyncConnection`` or ``AsyncSession``.
+
+        It runs :meth:`enqueue` itself on the underlying sync connection (or
+        session), so both behave alike: the same checks, the wake-up sent
+        once per transaction, in-process relays woken at commit.
+        """
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
         if not isinstance(conn, AsyncConnection | AsyncSession):
@@ -268,15 +273,11 @@ class Outbox:
                 "enqueue_async needs the AsyncConnection or AsyncSession of your transaction, "
                 f"not {type(conn).__name__}"
             )
-        headers = tracing.with_trace_context(headers)
-        event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
-        if not self._limits_read:
-            await conn.run_sync(lambda sync: self._read_limits(sync))
-        self.dialect.check_event(event)
-        # PostgreSQL folds repeated notifications of one transaction into one.
-        stmt, params = self.dialect.enqueue_call(event, notify=self.notify)
-        await conn.execute(stmt, params)
-        return event.event_id
+
+        def enqueue(sync: Connection | Session) -> str:
+            return self.enqueue(sync, topic, payload, key=key, headers=headers, delay=delay)
+
+        return await conn.run_sync(enqueue)
 
     def _check_event(self, conn: Connection, event: NewEvent) -> None:
         """What this database cannot store is refused before anything is written."""
@@ -375,16 +376,12 @@ class Outbox:
         self, *, older_than: float, batch: int = 1000, max_batches: int | None = None
     ) -> int:
         """Delete sent events older than ``older_than`` seconds, ``batch`` rows per transaction."""
-        total = 0
-        done = 0
         with translate_errors("cleanup"), self.engine.connect() as conn:
-            while max_batches is None or done < max_batches:
-                n = self.dialect.cleanup(conn, older_than=older_than, batch=batch)
-                total += n
-                done += 1
-                if n < batch:
-                    break
-        return total
+            return delete_in_batches(
+                lambda n: self.dialect.cleanup(conn, older_than=older_than, batch=n),
+                batch=batch,
+                max_batches=max_batches,
+            )
 
     def replay(
         self,

@@ -38,9 +38,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -51,9 +50,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from outbox_core import tracing
 from outbox_core.brokers.base import Broker
-from outbox_core.config import Settings, redact
-from outbox_core.dialects.base import Dialect, SessionLimits
-from outbox_core.errors import DatabaseError
+from outbox_core.config import Settings
+from outbox_core.dialects.base import Dialect, SessionLimits, delete_in_batches
+from outbox_core.errors import DatabaseError, translate_errors
 from outbox_core.message import CycleResult, Event, Failure, Outcome
 from outbox_core.retry import RetryPolicy
 
@@ -68,16 +67,6 @@ REVALIDATE_AFTER = 0.5
 RENEW_AFTER = 1 / 3
 #: ...for at most this many leases: a publish that hangs longer lets its events go.
 MAX_RENEWED_LEASES = 10
-
-
-@contextmanager
-def translate_errors(operation: str) -> Iterator[None]:
-    """Re-raise SQLAlchemy / driver errors as :class:`DatabaseError`, passwords masked."""
-    try:
-        yield
-    except sa.exc.SQLAlchemyError as exc:
-        detail = getattr(exc, "orig", None) or exc
-        raise DatabaseError(redact(f"{operation} failed: {detail}")) from exc
 
 
 def _relay_id() -> str:
@@ -660,21 +649,18 @@ class Relay:
 
     def cleanup(self) -> int:
         """Delete sent rows older than ``cleanup_after``, in bounded batches (at most 10)."""
-        total = 0
-        for _ in range(10):
-            try:
-                with translate_errors("cleanup"):
-                    n = self.dialect.cleanup(
-                        self.conn,
-                        older_than=self.settings.cleanup_after,
-                        batch=self.settings.cleanup_batch,
-                    )
-            except DatabaseError:
-                self._drop_connection()
-                raise
-            total += n
-            if n < self.settings.cleanup_batch:
-                break
+        try:
+            with translate_errors("cleanup"):
+                total = delete_in_batches(
+                    lambda n: self.dialect.cleanup(
+                        self.conn, older_than=self.settings.cleanup_after, batch=n
+                    ),
+                    batch=self.settings.cleanup_batch,
+                    max_batches=10,
+                )
+        except DatabaseError:
+            self._drop_connection()
+            raise
         if total:
             log.info("cleanup removed %d sent events", total, extra={"count": total})
         return total

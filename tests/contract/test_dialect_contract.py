@@ -144,6 +144,38 @@ def test_enqueue_async(backend: str, outbox: Outbox, db_url: str) -> None:
     assert [str(r.event_id) for r in rows(outbox)] == ids
 
 
+def test_enqueue_async_wakes_in_process_relays_at_commit_like_enqueue(
+    backend: str, outbox: Outbox, db_url: str
+) -> None:
+    """enqueue_async once skipped the after-commit wake-up that enqueue does."""
+    pytest.importorskip("greenlet")
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async_urls = {
+        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
+        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
+    }
+    if backend not in async_urls:
+        pytest.skip(f"no async driver for {backend} in the test dependencies")
+    relay, _ = _relay(outbox)
+    woken: list[bool] = []
+
+    async def scenario() -> None:
+        engine = create_async_engine(async_urls[backend])
+        try:
+            async with engine.begin() as conn:
+                await outbox.enqueue_async(conn, "t", {"n": 1})
+                await outbox.enqueue_async(conn, "t", {"n": 2})
+                woken.append(relay._wake.is_set())  # not before the commit
+            woken.append(relay._wake.is_set())
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+    relay.close()
+    assert woken == [False, True]
+
+
 # -- exclusive claims -----------------------------------------------------------------
 
 
