@@ -207,8 +207,14 @@ def relay(
         mask_url(outbox.url.render_as_string(hide_password=False)),
         mask_url(settings.broker_url),
     )
-    outbox.check()
+    # The broker's URL and options first (a mistake there needs no database),
+    # then the database and the table; the broker connects on its first batch.
     relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
+    try:
+        outbox.check()
+    except BaseException:
+        relay.close()
+        raise
     server = None
     if metrics_port is not None:
         from outbox_core.metrics import MetricsServer

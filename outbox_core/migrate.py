@@ -481,17 +481,11 @@ def _pages(
     PostgreSQL's vacuum horizon, SQLite's WAL, or MySQL's snapshot (hiding
     events committed during the copy).
     """
-    t = outbox.table
     last: int | None = None
     with outbox.engine.connect() as conn:
         while True:
-            query = sa.select(*columns).where(t.c.state.in_(states))
-            if last is not None:
-                query = query.where(t.c.id > last)
             with conn.begin():
-                rows: list[Sequence[Any]] = list(
-                    conn.execute(query.order_by(t.c.id).limit(batch)).all()
-                )
+                rows = outbox.dialect.page(conn, columns, states, after_id=last, limit=batch)
             if not rows:
                 return
             yield rows
@@ -500,25 +494,17 @@ def _pages(
             last = int(rows[-1][0])
 
 
-def _counts(conn: Connection, table: sa.Table) -> dict[str, int]:
-    counts = {s.name.lower(): 0 for s in State}
-    query = sa.select(table.c.state, sa.func.count()).group_by(table.c.state)
-    for state, n in conn.execute(query):
-        counts[State(state).name.lower()] = int(n)
-    return counts
-
-
 def _has_table(conn: Connection, table: sa.Table) -> bool:
     return sa.inspect(conn).has_table(table.name, schema=table.schema)
 
 
-def _present(conn: Connection, table: sa.Table, event_ids: Sequence[str]) -> dict[str, int]:
-    """Lower-cased event id -> state, for those of ``event_ids`` already in ``table``."""
+def _present(conn: Connection, target: Outbox, event_ids: Sequence[str]) -> dict[str, int]:
+    """Lower-cased event id -> state, for those of ``event_ids`` already on ``target``."""
+    t = target.table
     found: dict[str, int] = {}
     for start in range(0, len(event_ids), LOOKUP_CHUNK):
         chunk = list(event_ids[start : start + LOOKUP_CHUNK])
-        query = sa.select(table.c.event_id, table.c.state).where(table.c.event_id.in_(chunk))
-        for event_id, state in conn.execute(query):
+        for event_id, state in target.dialect.by_event_id(conn, [t.c.event_id, t.c.state], chunk):
             found[str(event_id).lower()] = int(state)
     return found
 
@@ -532,15 +518,10 @@ class _Leases:
 
 def _live_leases(source: Outbox, conn: Connection) -> _Leases:
     """Leases still running on the source: a relay is (or was until lately) publishing."""
-    t = source.table
-    live = sa.and_(t.c.state == int(State.LEASED), t.c.lease_until > source.dialect.now())
-    count, until = conn.execute(
-        sa.select(sa.func.count(), sa.func.max(t.c.lease_until)).where(live)
-    ).one()
-    owners = conn.execute(sa.select(t.c.lease_owner).where(live).distinct().limit(20)).scalars()
+    live = source.dialect.live_leases(conn)
     # Tokens are "<relay name>:<claim number>:<random>": show the relays.
-    holders = sorted({str(o).split(":", 1)[0] for o in owners if o})[:5]
-    return _Leases(int(count), holders, _utc(until))
+    holders = sorted({token.split(":", 1)[0] for token in live.tokens})[:5]
+    return _Leases(live.count, holders, _utc(live.until))
 
 
 def _lease_problem(leases: _Leases) -> str:
@@ -630,12 +611,7 @@ def migrate(
         limits = _prepare(source, target, force=force, warnings=report.warnings)
         states = _states(include_sent)
         with source.engine.connect() as conn:
-            t = source.table
-            report.total = int(
-                conn.execute(
-                    sa.select(sa.func.count()).select_from(t).where(t.c.state.in_(states))
-                ).scalar_one()
-            )
+            report.total = source.dialect.count_in_states(conn, states)
         if progress is not None:
             progress(0, report.total)
         _Copy(source, target, limits, report, force=force).run(states, batch, progress)
@@ -722,8 +698,7 @@ class _Copy:
                 )
 
     def _copy_batch(self, conn: Connection, events: Sequence[SourceEvent]) -> None:
-        tt = self.target.table
-        present = _present(conn, tt, [e.event_id for e in events])
+        present = _present(conn, self.target, [e.event_id for e in events])
         rows: list[dict[str, Any]] = []
         for event in events:
             state_there = present.get(event.event_id.lower())
@@ -737,9 +712,7 @@ class _Copy:
             if earlier is not None and state_there != int(State.SENT):
                 self._out_of_order(earlier, event)
         if rows:
-            # One executemany: multi-row INSERTs on PyMySQL, a pipeline on psycopg
-            # (measured faster than SQLAlchemy's multi-row VALUES there).
-            conn.execute(sa.insert(tt), rows)
+            self.target.dialect.insert_rows(conn, rows)
         self.report.skipped += len(events) - len(rows)
         self.report.copied += len(rows)
         for event in events:
@@ -775,12 +748,12 @@ def plan(
         with source.engine.connect() as conn:
             if not _has_table(conn, source.table):
                 raise MigrationRefused(_missing_table_problem(source, "source"))
-            source_counts = _counts(conn, source.table)
+            source_counts = source.dialect.state_counts(conn)
             leases = _live_leases(source, conn)
         with target.engine.connect() as conn:
             target.dialect.check(conn)
             exists = _has_table(conn, target.table)
-            target_counts = _counts(conn, target.table) if exists else None
+            target_counts = target.dialect.state_counts(conn) if exists else None
             limits = TargetLimits.reflect(conn, target.table, target.dialect) if exists else None
         result = MigrationPlan(
             _describe(source),
@@ -820,7 +793,7 @@ def plan(
                 present: dict[str, int] = {}
                 if exists:
                     with tconn.begin():
-                        present = _present(tconn, target.table, [e.event_id for e in fitting])
+                        present = _present(tconn, target, [e.event_id for e in fitting])
                 result.already_present += len(present)
                 result.to_copy += len(events) - len(present)
         if misfits > 5:
@@ -987,8 +960,8 @@ def _differences(
             with tconn.begin():
                 for start in range(0, len(rows), LOOKUP_CHUNK):
                     ids = [str(r[1]) for r in rows[start : start + LOOKUP_CHUNK]]
-                    query = sa.select(*t_cols).where(tt.c.event_id.in_(ids))
-                    there.update((str(r[0]).lower(), r) for r in tconn.execute(query))
+                    matches = target.dialect.by_event_id(tconn, t_cols, ids)
+                    there.update((str(r[0]).lower(), r) for r in matches)
             for row in rows:
                 event_id = str(row[1])
                 other = there.get(event_id.lower())
@@ -1011,7 +984,7 @@ def _differences(
         for rows in _pages(target, [tt.c.id, tt.c.event_id], states, batch):
             ids = [str(r[1]) for r in rows]
             with sconn.begin():
-                on_source = _present(sconn, st, ids)
+                on_source = _present(sconn, source, ids)
             for event_id in ids:
                 state = on_source.get(event_id.lower())
                 if state is None:

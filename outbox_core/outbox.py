@@ -25,7 +25,7 @@ from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import Settings, mask_url
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
-from outbox_core.message import NewEvent, State, build_new_event
+from outbox_core.message import NewEvent, build_new_event
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
@@ -325,50 +325,27 @@ class Outbox:
 
     def status(self) -> Status:
         """Counts per state, age of the oldest pending event, dead events per topic."""
-        t = self.table
         with translate_errors("status"), self.engine.connect() as conn:
-            counts = {s.name.lower(): 0 for s in State}
-            for state, n in conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)):
-                counts[State(state).name.lower()] = int(n)
-            minute_ago = self.dialect.after(-60)
-            oldest, now, created, sent, last_sent = conn.execute(
-                sa.select(
-                    sa.select(sa.func.min(t.c.created_at))
-                    .where(t.c.state == int(State.PENDING))
-                    .scalar_subquery(),
-                    self.dialect.now(),
-                    sa.select(sa.func.count())
-                    .where(t.c.created_at >= minute_ago)
-                    .scalar_subquery(),
-                    sa.select(sa.func.count()).where(t.c.sent_at >= minute_ago).scalar_subquery(),
-                    sa.select(sa.func.max(t.c.sent_at))
-                    .where(t.c.state == int(State.SENT))
-                    .scalar_subquery(),
-                )
-            ).one()
-            newest_dead = (
-                sa.select(t.c.topic, sa.func.count().label("n"), sa.func.max(t.c.id).label("last"))
-                .where(t.c.state == int(State.DEAD))
-                .group_by(t.c.topic)
-                .subquery()
-            )
-            dead_rows = conn.execute(
-                sa.select(newest_dead.c.topic, newest_dead.c.n, t.c.last_error)
-                .join_from(newest_dead, t, t.c.id == newest_dead.c.last)
-                .order_by(newest_dead.c.n.desc())
-            ).all()
+            counts = self.dialect.state_counts(conn)
+            activity = self.dialect.activity(conn)
+            dead_rows = self.dialect.dead_by_topic(conn)
+        now, oldest, last_sent = (
+            activity.now,
+            activity.oldest_pending_created,
+            activity.last_sent_at,
+        )
         age = since_sent = None
         if oldest is not None:
             age = max(0.0, (_aware(now) - _aware(oldest)).total_seconds())
         if last_sent is not None:
             since_sent = max(0.0, (_aware(now) - _aware(last_sent)).total_seconds())
-        dead = [DeadTopic(r[0], int(r[1]), r[2]) for r in dead_rows]
+        dead = [DeadTopic(topic, n, error) for topic, n, error in dead_rows]
         return Status(
             counts=counts,
             oldest_pending_age=age,
             dead=dead,
-            created_last_minute=int(created or 0),
-            sent_last_minute=int(sent or 0),
+            created_last_minute=activity.created_last_minute,
+            sent_last_minute=activity.sent_last_minute,
             last_sent_age=since_sent,
         )
 

@@ -28,7 +28,6 @@ from outbox_core.doctor.model import (
     format_age,
 )
 from outbox_core.errors import OutboxError, UnsupportedDatabase
-from outbox_core.message import State
 
 if TYPE_CHECKING:
     from outbox_core.outbox import Outbox
@@ -249,27 +248,9 @@ def _check_indexes(ctx: DoctorContext) -> Iterable[Finding]:
 def _check_backlog(ctx: DoctorContext) -> Iterable[Finding]:
     if "outbox" not in ctx.present:
         return
-    t = ctx.outbox.table
-    dialect = ctx.outbox.dialect
-    now = dialect.now()
-    pending = t.c.state == int(State.PENDING)
-    pending_n, due_n, oldest_due, expired, db_now = ctx.conn.execute(
-        sa.select(
-            sa.select(sa.func.count()).select_from(t).where(pending).scalar_subquery(),
-            sa.select(sa.func.count())
-            .select_from(t)
-            .where(pending, t.c.available_at <= now)
-            .scalar_subquery(),
-            sa.select(sa.func.min(t.c.available_at))
-            .where(pending, t.c.available_at <= now)
-            .scalar_subquery(),
-            sa.select(sa.func.count())
-            .select_from(t)
-            .where(t.c.state == int(State.LEASED), t.c.lease_until < now)
-            .scalar_subquery(),
-            now,
-        )
-    ).one()
+    backlog = ctx.outbox.dialect.backlog(ctx.conn)
+    pending_n, due_n, oldest_due = backlog.pending, backlog.due, backlog.oldest_due
+    expired, db_now = backlog.expired_leases, backlog.now
     waited = None
     if oldest_due is not None:
         waited = max(0.0, (aware(db_now) - aware(oldest_due)).total_seconds())
@@ -308,19 +289,7 @@ def _check_backlog(ctx: DoctorContext) -> Iterable[Finding]:
 def _check_dead_events(ctx: DoctorContext) -> Iterable[Finding]:
     if "outbox" not in ctx.present:
         return
-    t = ctx.outbox.table
-    dead = t.c.state == int(State.DEAD)
-    per_topic = (
-        sa.select(t.c.topic, sa.func.count().label("n"), sa.func.max(t.c.id).label("last"))
-        .where(dead)
-        .group_by(t.c.topic)
-        .subquery()
-    )
-    rows = ctx.conn.execute(
-        sa.select(per_topic.c.topic, per_topic.c.n, t.c.last_error)
-        .join_from(per_topic, t, t.c.id == per_topic.c.last)
-        .order_by(per_topic.c.n.desc(), per_topic.c.topic)
-    ).all()
+    rows = ctx.outbox.dialect.dead_by_topic(ctx.conn)
     if not rows:
         yield Finding("dead_events", Severity.OK, "no dead events")
         return
