@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -26,7 +26,8 @@ from outbox_core.doctor.model import (
     DEAD_TUPLE_RATIO,
     MIN_DEAD_TUPLES,
 )
-from outbox_core.errors import ConfigurationError
+from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.migrate.model import MAX_BATCH
 from outbox_core.outbox import Outbox, Status
 from outbox_core.schema import OutboxTables
 
@@ -464,14 +465,143 @@ def doctor_command(
     sys.exit(exit_code(findings, strict=strict))
 
 
-def _register_commands() -> None:
-    # Imported here: migrate imports a few helpers of this module.
-    from outbox_core.migrate import migrate_command
-
-    main.add_command(migrate_command)
+# -- outbox migrate ----------------------------------------------------------------------
 
 
-_register_commands()
+class _CliProgress:
+    """A progress bar on a terminal, else a plain line at most every 2 seconds (stderr)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.shown = 0
+        self.last_line = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.tty:
+            if self.bar is None:
+                self.bar = click.progressbar(
+                    length=max(total, 1), label="migrating", file=sys.stderr, show_pos=True
+                )
+                self.bar.__enter__()
+            self.bar.update(done - self.shown)
+            self.shown = done
+            return
+        now = time.monotonic()
+        if done and (now - self.last_line >= 2 or done >= total):
+            rate = done / max(now - self.started, 1e-9)
+            percent = 100 * done / max(total, 1)
+            click.echo(
+                f"migrate: {done}/{total} events ({percent:.0f}%), {rate:,.0f} events/s",
+                err=True,
+            )
+            self.last_line = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _refuse(message: str) -> NoReturn:
+    click.echo(f"error: {redact(message)}", err=True)
+    sys.exit(2)
+
+
+@main.command("migrate")
+@click.option("--from", "source_url", required=True, metavar="URL", help="Source database URL.")
+@click.option("--to", "target_url", required=True, metavar="URL", help="Target database URL.")
+@click.option("--table", default="outbox", show_default=True, help="Outbox table (both sides).")
+@click.option("--schema", default=None, help="Database schema (both sides).")
+@click.option("--to-table", default=None, help="Target table [default: --table].")
+@click.option("--to-schema", default=None, help="Target schema [default: --schema].")
+@click.option(
+    "--batch",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1, MAX_BATCH),
+    help="Events per target transaction.",
+)
+@click.option("--include-sent", is_flag=True, help="Copy sent events too (as sent).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Copy although relays hold live leases on the source (or an event would be late).",
+)
+@click.option("--verify", "do_verify", is_flag=True, help="Compare both sides after copying.")
+@click.option("--verify-only", is_flag=True, help="Compare both sides; copy nothing.")
+@click.option(
+    "--check-only",
+    is_flag=True,
+    help="Report counts, live leases, the target table and misfits; copy nothing.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def migrate_command(
+    source_url: str,
+    target_url: str,
+    table: str,
+    schema: str | None,
+    to_table: str | None,
+    to_schema: str | None,
+    batch: int,
+    include_sent: bool,
+    force: bool,
+    do_verify: bool,
+    verify_only: bool,
+    check_only: bool,
+    as_json: bool,
+) -> None:
+    """Copy pending, leased and dead events to another database (resumable).
+
+    Exit status: 0 done, 1 --verify found differences, 2 refused (the reason
+    and the fix on one line).
+    """
+    from outbox_core.migrate import migrate, plan, verify
+
+    progress = _CliProgress()
+    source: Outbox | None = None
+    target: Outbox | None = None
+    try:
+        source = Outbox(source_url, table=table, schema=schema)
+        target = Outbox(target_url, table=to_table or table, schema=to_schema or schema)
+        if check_only:
+            result = plan(source, target, include_sent=include_sent, batch=batch)
+            click.echo(json.dumps(result.as_dict()) if as_json else result.render())
+            if not result.ok:
+                _refuse(result.problems[0])
+            return
+        if not verify_only:
+            report = migrate(
+                source,
+                target,
+                batch=batch,
+                force=force,
+                include_sent=include_sent,
+                progress=progress,
+            )
+            progress.close()
+            click.echo(json.dumps(report.as_dict()) if as_json else report.render())
+        if do_verify or verify_only:
+            checked = verify(source, target, include_sent=include_sent, batch=batch)
+            click.echo(json.dumps(checked.as_dict(), default=str) if as_json else checked.render())
+            if not checked.ok:
+                sys.exit(1)
+    except OutboxError as exc:
+        progress.close()
+        _refuse(str(exc))
+    except KeyboardInterrupt:
+        progress.close()
+        click.echo(
+            "interrupted: the batch in flight was rolled back; run the same command to resume",
+            err=True,
+        )
+        sys.exit(130)
+    finally:
+        for outbox in (source, target):
+            if outbox is not None:
+                outbox.dispose()
+
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ from tests.conftest import BACKENDS, _probe, server_url, unavailable
 
 EVENTS = 50_000
 KEYS = 500
-COMMAND = "from outbox_core.migrate import migrate_command; migrate_command()"
+COMMAND = "from outbox_core.cli import migrate_command; migrate_command()"
 FIELDS = (
     "event_id",
     "topic",

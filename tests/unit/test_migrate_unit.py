@@ -18,13 +18,13 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from outbox_core import Outbox, State
+from outbox_core.cli import migrate_command
 from outbox_core.migrate import (
     MigrationRefused,
     SourceEvent,
     TargetLimits,
     canonical_json,
     migrate,
-    migrate_command,
     plan,
     verify,
 )
