@@ -1,41 +1,35 @@
-"""Helpers shared by the contract, property and chaos suites."""
+"""Helpers shared by the contract, property and chaos suites.
+
+Lock waits are bounded the way relays bound them: with the dialect's own
+:meth:`~outbox_core.dialects.base.Dialect.limit_session`, so the tests hold no
+database's SET statements of their own.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 
+from outbox_core.dialects.base import SessionLimits, get_dialect
+from outbox_core.schema import OutboxTables
 
-def lock_timeout_sql(backend: str, seconds: int) -> str | None:
-    """The statement that bounds lock waits on ``backend`` (None: SQLite has no row locks)."""
-    if backend == "postgresql":
-        return f"SET lock_timeout = '{seconds}s'"
-    if backend == "mysql":
-        return f"SET SESSION innodb_lock_wait_timeout = {seconds}"
-    if backend == "mssql":
-        return f"SET LOCK_TIMEOUT {seconds * 1000}"
-    return None
+
+def _limits(seconds: int) -> SessionLimits:
+    # A long idle-in-transaction limit: tests hold transactions open on purpose.
+    return SessionLimits(idle_in_transaction=3600, lock_wait=seconds)
 
 
 def set_lock_timeout(conn: sa.Connection, backend: str, seconds: int) -> None:
     """Bound lock waits on one connection, so a claim that waited fails loudly."""
-    sql = lock_timeout_sql(backend, seconds)
-    if sql:
-        conn.exec_driver_sql(sql)
-        conn.commit()
+    get_dialect(backend)(OutboxTables.create()).limit_session(conn, _limits(seconds))
 
 
 def bound_lock_waits(engine: sa.Engine, backend: str, seconds: int) -> None:
-    """Bound lock waits on every new connection of ``engine``."""
-    sql = lock_timeout_sql(backend, seconds)
-    if sql is None:
-        return
+    """Bound lock waits on every connection ``engine`` hands out."""
+    dialect = get_dialect(backend)(OutboxTables.create())
 
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        cursor = dbapi_conn.cursor()
-        cursor.execute(sql)
-        cursor.close()
-        if backend != "mssql":
-            dbapi_conn.commit()
+    @sa.event.listens_for(engine, "engine_connect")
+    def _on_connect(conn: sa.Connection) -> None:
+        info = conn.connection.info  # the driver connection's: once per connection, not checkout
+        if not info.get("outbox_test_lock_wait"):
+            dialect.limit_session(conn, _limits(seconds))
+            info["outbox_test_lock_wait"] = True
