@@ -332,11 +332,21 @@ class Dialect(ABC):
         """A JSON column read as the exact text the database holds (no decoding)."""
         return sa.type_coerce(column, sa.UnicodeText)
 
-    def read_server_limits(self, conn: Connection) -> None:  # noqa: B027 - optional hook
-        """Read what the server allows (once, before the first enqueue); MySQL: packet size."""
+    def initialize(self, conn: Connection) -> None:
+        """Set the capability flags that depend on the server, once, from ``conn``.
+
+        Called before the first enqueue, by each relay connection before its
+        session limits, and by migrate on its target. The class flags are
+        what a family can do; this refines them for the server at hand
+        (MySQL: MariaDB or not, ``max_allowed_packet``). The default reads nothing.
+        """
+        self.initialized = True
+
+    #: :meth:`initialize` ran (it reads the server at most once).
+    initialized: bool = False
 
     def size_problem(self, event: NewEvent) -> str | None:
-        """Why ``event`` is too large for this server, or None (see :meth:`read_server_limits`)."""
+        """Why ``event`` is too large for this server, or None (see :meth:`initialize`)."""
         return None
 
     def check_event(self, event: NewEvent) -> None:

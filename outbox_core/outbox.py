@@ -134,7 +134,6 @@ class Outbox:
         self._engine: Engine | None = None
         self._owns_engine = False
         self._engine_options = dict(engine_options or {})
-        self._limits_read = False
         #: PostgreSQL: ``enqueue`` sends NOTIFY in the caller's transaction. Turn it
         #: off under very heavy write load (NOTIFY takes a global lock at commit).
         self.notify = notify
@@ -281,15 +280,10 @@ class Outbox:
 
     def _check_event(self, conn: Connection, event: NewEvent) -> None:
         """What this database cannot store is refused before anything is written."""
-        if not self._limits_read:
-            self._read_limits(conn)
+        if not self.dialect.initialized:
+            with translate_errors("reading the server's capabilities"):
+                self.dialect.initialize(conn)
         self.dialect.check_event(event)
-
-    def _read_limits(self, conn: Connection | Session) -> None:
-        bind = conn if isinstance(conn, Connection) else conn.connection()
-        with translate_errors("reading the server's limits"):
-            self.dialect.read_server_limits(bind)
-        self._limits_read = True
 
     # -- relay -----------------------------------------------------------------------------
 

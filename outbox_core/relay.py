@@ -226,6 +226,8 @@ class Relay:
             with translate_errors("connect"):
                 conn = self.dialect.connect(self.engine)
                 try:
+                    with self.dialect.transaction(conn):
+                        self.dialect.initialize(conn)
                     self.dialect.limit_session(conn, self.limits)
                 except BaseException:
                     conn.close()

@@ -53,14 +53,14 @@ class MysqlDialect(Dialect):
     )
     isolation_level: ClassVar[str] = "READ COMMITTED"
     group_key_scan: ClassVar[bool] = True
-    #: Set by :meth:`limit_session` on MySQL, whose ``wait_timeout`` also ends
-    #: a relay's idle (not only idle-in-transaction) sessions.
+    #: Set by :meth:`initialize` on MySQL, whose ``wait_timeout`` also ends a
+    #: relay's idle (not only idle-in-transaction) sessions.
     ends_idle_sessions: bool = False
     #: Payloads are stored as UTF-8 JSON text. SQLAlchemy's default serialiser
     #: writes ASCII with ``\\uXXXX`` escapes, which MariaDB (JSON = LONGTEXT)
     #: keeps as they are: three times the bytes for Cyrillic or CJK text.
     json_as_text: ClassVar[bool] = True
-    #: ``@@max_allowed_packet`` of the server, read before the first enqueue.
+    #: ``@@max_allowed_packet`` of the server, read by :meth:`initialize`.
     max_packet: int | None = None
     #: Bytes of an enqueue INSERT besides payload and headers (columns, quoting), generously.
     INSERT_OVERHEAD: ClassVar[int] = 4096
@@ -104,12 +104,23 @@ class MysqlDialect(Dialect):
         fsp = getattr(column_type, "fsp", None)
         return int(fsp) if fsp else 0
 
-    def read_server_limits(self, conn: Connection) -> None:
-        """``@@max_allowed_packet``: a statement larger than it is refused by the server."""
-        if self.max_packet is None:
-            self.max_packet = int(
-                conn.execute(sa.select(sa.literal_column("@@max_allowed_packet"))).scalar_one()
-            )
+    #: The server is MariaDB (set by :meth:`initialize`; MySQL until then).
+    mariadb: bool = False
+
+    def initialize(self, conn: Connection) -> None:
+        """MariaDB or MySQL, and ``@@max_allowed_packet`` (larger statements are refused).
+
+        MariaDB has ``idle_transaction_timeout``; MySQL's only bound on a frozen
+        transaction, ``wait_timeout``, also ends idle sessions.
+        """
+        if self.initialized:
+            return
+        self.mariadb = self.is_mariadb(conn)
+        self.ends_idle_sessions = not self.mariadb
+        self.max_packet = int(
+            conn.execute(sa.select(sa.literal_column("@@max_allowed_packet"))).scalar_one()
+        )
+        self.initialized = True
 
     def size_problem(self, event: NewEvent) -> str | None:
         """The INSERT (payload, headers and the rest) must fit in ``max_allowed_packet``."""
@@ -160,16 +171,16 @@ class MysqlDialect(Dialect):
         makes the relay replace its own idle connections first. Both take
         whole seconds (at least 1).
         """
-        idle = "idle_transaction_timeout" if self.is_mariadb(conn) else "wait_timeout"
-        settings = {
-            "innodb_lock_wait_timeout": max(1, math.ceil(limits.lock_wait)),
-            idle: max(1, math.ceil(limits.idle_in_transaction)),
-        }
         with conn.begin():
+            self.initialize(conn)
+            idle = "idle_transaction_timeout" if self.mariadb else "wait_timeout"
+            settings = {
+                "innodb_lock_wait_timeout": max(1, math.ceil(limits.lock_wait)),
+                idle: max(1, math.ceil(limits.idle_in_transaction)),
+            }
             for name, value in settings.items():
                 # A session variable's name cannot be a bound parameter; these are constants.
                 conn.execute(sa.text(f"SET SESSION {name} = :value"), {"value": value})
-        self.ends_idle_sessions = not self.is_mariadb(conn)
 
     def idle_limit(self, limits: SessionLimits) -> float | None:
         """On MySQL the ``wait_timeout`` set by :meth:`limit_session`, less a margin."""

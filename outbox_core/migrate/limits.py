@@ -46,7 +46,7 @@ class TargetLimits:
     @classmethod
     def reflect(cls, conn: Connection, table: sa.Table, dialect: Dialect) -> TargetLimits:
         """Read the limits of ``table`` on ``conn`` (which must exist)."""
-        dialect.read_server_limits(conn)
+        dialect.initialize(conn)
         inspector = sa.inspect(conn)
         columns = {c["name"]: c for c in inspector.get_columns(table.name, schema=table.schema)}
         missing = [c for c in _COLUMNS if c not in columns]
