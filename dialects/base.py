@@ -14,12 +14,14 @@ token, so a relay whose lease expired and was re-claimed changes nothing.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import sqlalchemy as sa
@@ -226,6 +228,24 @@ class Dialect(ABC):
             yield conn
 
     # -- capability -----------------------------------------------------------
+
+    # -- test provisioning (the contract, property, fault and chaos suites) ----
+
+    #: Where the suites find a server when ``OUTBOX_TEST_<NAME>_URL`` is unset
+    #: (None: only where that variable names one).
+    test_default_url: ClassVar[str | None] = None
+    #: With ``CI=true`` an unreachable test server fails the suites instead of skipping them.
+    test_required_in_ci: ClassVar[bool] = False
+    #: The test database is a server to reach (SQLite's is a file).
+    test_needs_server: ClassVar[bool] = True
+
+    @classmethod
+    def test_url(cls, workdir: Path) -> str | None:
+        """The database the suites run on: ``OUTBOX_TEST_<NAME>_URL``, else the default.
+
+        A dialect without a server (SQLite) gives a fresh file in ``workdir``.
+        """
+        return os.environ.get(f"OUTBOX_TEST_{cls.name.upper()}_URL") or cls.test_default_url
 
     # -- ``outbox doctor`` ------------------------------------------------------
 
@@ -1313,6 +1333,14 @@ class ReturningDialect(Dialect):
                 limit=limit, lease=lease, token=token, ordered=ordered, window=window
             )
             return self.claim_returning(conn, stmt, token)
+
+
+def dialect_families() -> list[str]:
+    """One registry name per dialect class (``mariadb`` is ``mysql``'s alias)."""
+    seen: dict[str, str] = {}
+    for name, target in REGISTRY.items():
+        seen.setdefault(target, name)
+    return list(seen.values())
 
 
 def known_dialects() -> list[str]:

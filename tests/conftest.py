@@ -11,6 +11,7 @@ test instead of skipping it.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +20,14 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_core import Outbox
+from outbox_core.dialects.base import dialect_families, get_dialect
+from outbox_core.schema import OutboxTables
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 
-DEFAULT_URLS = {
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    "mysql": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
-REQUIRED_IN_CI = {"postgresql", "mysql", "rabbitmq"}
-ALL_BACKENDS = ["sqlite", "postgresql", "mysql", "mssql"]
+#: Every registered database family: a new dialect package runs every suite with
+#: no change here (its provisioning is the dialect's test_url / test_required_in_ci).
+ALL_BACKENDS = dialect_families()
+REQUIRED_IN_CI = {b for b in ALL_BACKENDS if get_dialect(b).test_required_in_ci} | {"rabbitmq"}
 #: ``OUTBOX_TEST_BACKENDS=postgresql,sqlite`` runs the database suites on those only
 #: (the compatibility matrix runs one database at a time).
 BACKENDS = [
@@ -49,16 +50,16 @@ def unavailable(service: str, reason: str) -> None:
     pytest.skip(f"{service} unavailable: {reason}")
 
 
-def server_url(backend: str) -> str | None:
-    env = os.environ.get(f"OUTBOX_TEST_{backend.upper()}_URL")
-    return env or DEFAULT_URLS.get(backend)
+def server_url(backend: str, workdir: Path | None = None) -> str | None:
+    return get_dialect(backend).test_url(workdir or Path(tempfile.mkdtemp()))
 
 
 def _probe(url: str) -> str | None:
     """None when the server answers, else the reason."""
     if url in _reachable:
         return _reachable[url]
-    args = {"connect_timeout": 3} if not url.startswith("mssql") else {"timeout": 3}
+    dialect = get_dialect(sa.make_url(url).get_backend_name())(OutboxTables.create())
+    args = dialect.connect_timeout_args(3)
     try:
         engine = sa.create_engine(url, connect_args=args)
         with engine.connect() as conn:
@@ -79,9 +80,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def db_url(backend: str, tmp_path: Path) -> str:
     """A reachable URL for ``backend`` (skip or fail as the rules above say)."""
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
-    url = server_url(backend)
+    url = server_url(backend, tmp_path)
+    if url is not None and not get_dialect(backend).test_needs_server:
+        return url  # a file: nothing to reach
     if url is None:
         pytest.skip(f"{backend}: set OUTBOX_TEST_{backend.upper()}_URL to run")
     reason = _probe(url)

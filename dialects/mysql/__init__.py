@@ -47,6 +47,8 @@ class MysqlDialect(Dialect):
 
     name: ClassVar[str] = "mysql"
     family: ClassVar[str] = "MySQL/MariaDB"
+    test_default_url: ClassVar[str | None] = "mysql+pymysql://root@127.0.0.1:3306/test"
+    test_required_in_ci: ClassVar[bool] = True
     locking: ClassVar[str] = "claims skip each other's rows with FOR UPDATE SKIP LOCKED"
     upgrade_hint: ClassVar[str | None] = (
         "upgrade to MySQL 8.0.1+ or MariaDB 10.6+ (the first with SKIP LOCKED)"

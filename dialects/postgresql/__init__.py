@@ -62,6 +62,8 @@ class PostgresqlDialect(ReturningDialect):
 
     name: ClassVar[str] = "postgresql"
     family: ClassVar[str] = "PostgreSQL"
+    test_default_url: ClassVar[str | None] = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    test_required_in_ci: ClassVar[bool] = True
     locking: ClassVar[str] = "claims skip each other's rows with FOR UPDATE SKIP LOCKED"
     upgrade_hint: ClassVar[str | None] = "upgrade to PostgreSQL 12 or newer"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
@@ -58,6 +59,13 @@ class SqliteDialect(ReturningDialect):
     def time_digits(self, column_type: Any) -> int:
         """Timestamps are the text the toolkit writes: microseconds."""
         return 6
+
+    test_needs_server: ClassVar[bool] = False
+
+    @classmethod
+    def test_url(cls, workdir: Path) -> str | None:
+        """A fresh database file per test: no server needed."""
+        return f"sqlite:///{workdir / 'outbox.sqlite3'}"
 
     def engine_options(self) -> dict[str, Any]:
         """Relays and producers take turns on the write lock: wait up to 30 s, don't fail."""
