@@ -75,7 +75,7 @@ def test_the_wheel_has_one_top_level_import_package(wheel: Path) -> None:
     for module in (
         "dialects/postgresql/__init__.py",
         "dialects/mysql/doctor.py",
-        "brokers/rabbitmq.py",
+        "brokers/rabbitmq/connection.py",
         "doctor/checks.py",
     ):
         assert f"outbox_core/{module}" in files

@@ -1,0 +1,318 @@
+"""RabbitMQ broker (``amqp://`` / ``amqps://``), built on pika.
+
+Every batch is published as a batch: all messages go out on one channel in
+publisher-confirm mode, then the broker's ``basic.ack`` / ``basic.nack``
+frames are collected (one frame may confirm many messages at once with
+``multiple``). Nothing waits for one message's confirm before sending the
+next, so a batch costs about one round trip instead of one per message.
+
+How the confirms are collected
+------------------------------
+``BlockingChannel.confirm_delivery()`` makes each ``basic_publish`` wait for
+its own confirm, so the broker uses pika's asynchronous
+:class:`pika.SelectConnection` instead and drives its I/O loop from the
+calling thread only while it needs it: ``IOLoop.start()`` runs until a
+callback calls ``IOLoop.stop()`` (all confirms are in, the channel or the
+connection closed) or a ``call_later`` deadline fires. The calls used:
+
+* ``Channel.confirm_delivery(ack_nack_callback=...)``: confirm mode; the
+  callback receives every ``Basic.Ack`` / ``Basic.Nack`` (``delivery_tag``,
+  ``multiple``). Delivery tags count the channel's publishes from 1, so the
+  broker maps tag -> position in the batch.
+* ``Channel.add_on_return_callback``: ``basic.return`` of a ``mandatory``
+  message nobody's queue took. RabbitMQ sends it *before* the message's
+  ``basic.ack``, so the ack of a returned message is not counted ``ok``.
+* ``Channel.add_on_close_callback``, the connection's ``on_close_callback``
+  and ``add_on_connection_blocked_callback``: what ends a batch early.
+
+Outcomes: confirmed -> ``ok``; returned (unroutable) -> ``reject`` (or
+``retry`` with ``unroutable="retry"``); nacked -> ``retry``; the channel
+closed by the server while publishing (a message it refused) -> ``retry`` for
+what was not confirmed. Connection-level trouble is ``unavailable``, which
+spends no attempt: cannot connect, login refused, the exchange missing, a
+resource alarm blocking the connection, the connection lost, or
+``confirm_timeout`` passing with messages unconfirmed. The connection is then
+dropped and reopened for the next batch, with exponential backoff while the
+broker stays unreachable; :meth:`RabbitMQBroker.probe` reconnects without
+publishing. :meth:`RabbitMQBroker.publish` never raises for broker trouble.
+
+Heartbeats: between batches the I/O loop does not run. Before each batch the
+broker processes whatever arrived meanwhile, so a connection the server closed
+while the relay was idle is noticed and replaced before publishing.
+
+Options (keyword arguments of :meth:`RabbitMQBroker.from_url`; strings are
+accepted so ``--broker-option key=value`` works): ``exchange`` (``outbox``),
+``exchange_type`` (``topic``), ``declare_exchange`` (``True``: declare it
+durable; ``False``: passive declare, it must exist), ``routing_key`` (default
+the topic; a template such as ``orders.{topic}`` with ``{topic}``, ``{key}``,
+``{event_id}``), ``envelope`` (``plain``, ``cloudevents``,
+``cloudevents-binary``), ``source`` (CloudEvents source, ``outbox``),
+``cloudevents_prefix`` (binary mode's property prefix: ``cloudEvents_``, the
+binding's JMS-safe default, or ``cloudEvents:``),
+``unroutable`` (``reject`` or ``retry``), ``confirm_timeout`` (10 s),
+``connect_timeout`` (10 s), ``max_message_size`` (16 MiB, RabbitMQ 4's default:
+a larger body is rejected before publishing instead of closing the channel
+under the whole batch; ``0`` disables the check), ``reconnect_max`` (backoff cap, 30 s),
+``heartbeat`` (seconds, 0 disables), ``connection_name``, ``ssl_context`` (an
+:class:`ssl.SSLContext` replacing the default one of ``amqps://``) and
+``server_hostname``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.adapters.select_connection import IOLoop
+
+from outbox_core.brokers import cloudevents
+from outbox_core.brokers.base import Broker
+from outbox_core.brokers.rabbitmq.connection import (
+    _FLUSH_BYTES,
+    ConfirmingConnection,
+    _Batch,
+    _describe,
+    _Unavailable,
+    log,
+)
+from outbox_core.brokers.rabbitmq.mapping import (
+    ATTEMPT_HEADER,
+    KEY_HEADER,
+    AmqpMessage,
+    build_message,
+)
+from outbox_core.brokers.rabbitmq.options import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    ENVELOPES,
+    UNROUTABLE,
+    _check_routing_key,
+    from_url_options,
+)
+from outbox_core.errors import ConfigurationError
+from outbox_core.message import Event, Outcome
+
+__all__ = [
+    "ATTEMPT_HEADER",
+    "ENVELOPES",
+    "KEY_HEADER",
+    "AmqpMessage",
+    "RabbitMQBroker",
+    "_Batch",
+]
+
+
+class RabbitMQBroker(ConfirmingConnection, Broker):
+    """Publishes to a RabbitMQ exchange with batched publisher confirms.
+
+    One instance serves one relay; :meth:`publish` calls are serialised. The
+    connection is opened on the first :meth:`publish`, not at creation.
+    Options: ``rabbitmq_options``; the message: ``rabbitmq_mapping``; the
+    connection and confirms: ``rabbitmq_connection``.
+    """
+
+    def __init__(
+        self,
+        parameters: pika.ConnectionParameters | pika.URLParameters,
+        *,
+        exchange: str = "outbox",
+        exchange_type: str = "topic",
+        declare_exchange: bool = True,
+        routing_key: str | None = None,
+        envelope: str = "plain",
+        source: str = cloudevents.DEFAULT_SOURCE,
+        cloudevents_prefix: str = cloudevents.AMQP_PREFIX,
+        unroutable: str = "reject",
+        confirm_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        reconnect_max: float = 30.0,
+        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
+        display: str | None = None,
+    ) -> None:
+        if not isinstance(exchange, str):
+            raise ConfigurationError(f"exchange must be a string, got {exchange!r}")
+        if envelope not in ENVELOPES:
+            raise ConfigurationError(
+                f"envelope must be one of {', '.join(ENVELOPES)}; got {envelope!r}"
+            )
+        if unroutable not in UNROUTABLE:
+            raise ConfigurationError(
+                f"unroutable must be one of {', '.join(UNROUTABLE)}; got {unroutable!r}"
+            )
+        for name, value in (
+            ("confirm_timeout", confirm_timeout),
+            ("connect_timeout", connect_timeout),
+        ):
+            if not value > 0:
+                raise ConfigurationError(f"{name} must be positive, got {value!r}")
+        if reconnect_max < 0:
+            raise ConfigurationError(f"reconnect_max must not be negative, got {reconnect_max!r}")
+        self.parameters = parameters
+        self.exchange = exchange
+        self.exchange_type = exchange_type
+        self.declare_exchange = declare_exchange
+        self.routing_key = _check_routing_key(routing_key) if routing_key is not None else None
+        self.envelope = envelope
+        self.source = cloudevents.check_source(source)
+        if cloudevents_prefix not in cloudevents.AMQP_PREFIXES:
+            raise ConfigurationError(
+                f"cloudevents_prefix must be one of {', '.join(cloudevents.AMQP_PREFIXES)}; "
+                f"got {cloudevents_prefix!r}"
+            )
+        self.cloudevents_prefix = cloudevents_prefix
+        self.unroutable = unroutable
+        self.confirm_timeout = confirm_timeout
+        self.connect_timeout = connect_timeout
+        self.reconnect_max = reconnect_max
+        self.max_message_size = max_message_size or None
+        self.display = display or f"amqp://{parameters.host}:{parameters.port}"
+
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ioloop: IOLoop | None = None
+        self._running: IOLoop | None = None
+        self._conn: pika.SelectConnection | None = None
+        self._channel: Any = None
+        self._next_tag = 0
+        self._batch: _Batch | None = None
+        self._down: str | None = None
+        self._blocked = False
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = ""
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RabbitMQBroker:
+        """Create the broker for an ``amqp://`` or ``amqps://`` URL; see the module docs."""
+        parameters, kwargs = from_url_options(url, options)
+        return cls(parameters, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"RabbitMQBroker({self.display!r}, exchange={self.exchange!r})"
+
+    # -- messages -------------------------------------------------------------
+
+    def build_message(self, event: Event) -> AmqpMessage:
+        """The routing key, body and properties published for ``event``.
+
+        Raise :class:`ValueError` or :class:`TypeError` when the event cannot
+        be encoded (its outcome is then ``reject``).
+        """
+        return build_message(
+            event,
+            routing_key=self.routing_key,
+            envelope=self.envelope,
+            source=self.source,
+            cloudevents_prefix=self.cloudevents_prefix,
+            max_message_size=self.max_message_size,
+        )
+
+    # -- publishing -------------------------------------------------------------
+
+    def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+        """Publish the batch, then collect its confirms; one outcome per event, in order."""
+        if not events:
+            return []
+        with self._lock:
+            if self._closed:
+                return [Outcome.unavailable("RabbitMQ broker is closed")] * len(events)
+            down = self._open()
+            if down is not None:
+                return [Outcome.unavailable(down)] * len(events)
+            batch = _Batch(len(events))
+            self._batch = batch
+            try:
+                self._send(events, batch)
+                if batch.pending and batch.lost is None:
+                    self._run_until(
+                        lambda: not batch.pending or batch.lost is not None, self.confirm_timeout
+                    )
+            except Exception as exc:  # pika misbehaving: never raise from publish
+                log.exception("publishing to %s failed", self.display)
+                batch.lost = batch.lost or f"publish failed: {_describe(exc)}"
+            finally:
+                self._batch = None
+            return self._settle(batch)
+
+    def probe(self) -> str | None:
+        """Connect (or check the open connection) without publishing; None when up."""
+        with self._lock:
+            if self._closed:
+                return "RabbitMQ broker is closed"
+            self._retry_at = 0.0  # the relay paces its probes: connect now
+            return self._open()
+
+    def _open(self) -> str | None:
+        """Make the channel ready; None, or why RabbitMQ cannot take messages now."""
+        try:
+            self._ensure_channel()
+        except _Unavailable as exc:
+            return exc.message
+        except Exception as exc:  # defensive: publish never raises for broker trouble
+            log.exception("preparing the RabbitMQ channel failed")
+            self._teardown()
+            return f"RabbitMQ unavailable: {_describe(exc)}"
+        if self._blocked:
+            return "RabbitMQ blocked publishing on this connection (memory or disk alarm)"
+        return None
+
+    def _settle(self, batch: _Batch) -> list[Outcome]:
+        # A channel the server closed over a message is that batch's failure
+        # (retry, spending attempts); anything else unconfirmed is an outage.
+        unconfirmed = Outcome.retry if batch.lost_by_event else Outcome.unavailable
+        if batch.pending:
+            if batch.lost is None:
+                reason = f"no publisher confirm from RabbitMQ within {self.confirm_timeout:g}s"
+                log.warning("%s: %s; reconnecting", self.display, reason)
+                self._teardown()
+            else:
+                reason = f"not confirmed: {batch.lost}"
+            for index in batch.pending.values():
+                batch.outcomes[index] = unconfirmed(reason)
+        unsent = f"not published: {batch.lost or self._down or 'RabbitMQ connection lost'}"
+        if batch.lost is not None or self._down is not None:
+            self._teardown()
+        return [o if o is not None else unconfirmed(unsent) for o in batch.outcomes]
+
+    def _send(self, events: Sequence[Event], batch: _Batch) -> None:
+        channel = self._channel
+        batch.low = self._next_tag + 1
+        unflushed = 0
+        for index, event in enumerate(events):
+            if batch.lost is not None:
+                return
+            try:
+                message = self.build_message(event)
+            except (ValueError, TypeError) as exc:
+                batch.outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
+                continue
+            try:
+                channel.basic_publish(
+                    self.exchange,
+                    message.routing_key,
+                    message.body,
+                    message.properties,
+                    mandatory=True,
+                )
+            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+                batch.lost = _describe(exc)
+                return
+            except Exception as exc:  # marshalling failed before anything was written
+                batch.outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
+                continue
+            self._next_tag += 1
+            batch.pending[self._next_tag] = index
+            batch.by_message_id.setdefault(event.event_id, deque()).append(index)
+            unflushed += len(message.body)
+            if unflushed >= _FLUSH_BYTES:
+                unflushed = 0
+                self._pump()
+
+    def close(self) -> None:
+        """Close the connection; later :meth:`publish` calls report ``retry``."""
+        with self._lock:
+            self._closed = True
+            self._teardown()

@@ -1,0 +1,384 @@
+"""The RabbitMQ broker's connection: pika's SelectConnection driven from the caller's thread.
+
+It opens the connection and a confirm-mode channel (declaring the exchange),
+notices a connection or channel lost while idle, reconnects with backoff
+while the broker stays unreachable, and collects publisher confirms and
+returns into the batch being published.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import pika
+import pika.exceptions
+import pika.spec
+from pika.adapters.select_connection import IOLoop
+
+from outbox_core.message import Outcome
+
+log = logging.getLogger("outbox.brokers.rabbitmq")
+
+#: Published bytes after which the I/O loop is given a turn mid-batch, so a
+#: large batch streams to the socket instead of piling up in memory.
+_FLUSH_BYTES: Final = 1 << 20
+
+
+#: How long closing a connection may take before it is abandoned.
+_CLOSE_TIMEOUT: Final = 2.0
+
+
+class _Unavailable(Exception):
+    """The broker cannot publish now; every event of the batch is ``retry``."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class _Batch:
+    """Book-keeping of one batch while its confirms come in."""
+
+    __slots__ = (
+        "by_message_id",
+        "lost",
+        "lost_by_event",
+        "low",
+        "outcomes",
+        "pending",
+        "returned",
+    )
+
+    def __init__(self, size: int) -> None:
+        self.outcomes: list[Outcome | None] = [None] * size
+        #: delivery tag -> position in the batch, for messages not yet confirmed
+        self.pending: dict[int, int] = {}
+        #: lowest delivery tag that may still be pending
+        self.low = 0
+        #: position -> reason, for messages the broker returned as unroutable
+        self.returned: dict[int, str] = {}
+        #: message id -> positions published with it, to match basic.return
+        self.by_message_id: dict[str, deque[int]] = {}
+        #: why the batch cannot complete (channel or connection lost)
+        self.lost: str | None = None
+        #: the server closed the channel over a message (not an outage)
+        self.lost_by_event = False
+
+
+def _describe(exc: BaseException | None) -> str:
+    """A short text for a pika error, unwrapping the connection workflow's wrappers."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        inner: Any = None
+        if seen is None:
+            break
+        nested = getattr(seen, "exceptions", None)
+        if isinstance(nested, tuple | list) and nested:
+            inner = nested[-1]
+        elif isinstance(getattr(seen, "exception", None), BaseException):
+            inner = seen.exception  # type: ignore[attr-defined]
+        elif (
+            isinstance(seen, pika.exceptions.AMQPConnectionError)
+            and len(seen.args) == 1
+            and isinstance(seen.args[0], BaseException)
+        ):
+            inner = seen.args[0]
+        if not isinstance(inner, BaseException):
+            break
+        seen = inner
+    if seen is None:
+        return "unknown reason"
+    if isinstance(seen, pika.exceptions.ConnectionClosed | pika.exceptions.ChannelClosed):
+        return f"{type(seen).__name__}: {seen.reply_code} {seen.reply_text}"
+    return f"{type(seen).__name__}: {seen}" if str(seen) else repr(seen)
+
+
+class ConfirmingConnection:
+    """A connection in publisher-confirm mode, its I/O loop and its lifecycle (a mixin).
+
+    :class:`~outbox_core.brokers.rabbitmq.RabbitMQBroker` sets the attributes
+    declared here in its ``__init__``.
+    """
+
+    parameters: pika.ConnectionParameters | pika.URLParameters
+    display: str
+    exchange: str
+    exchange_type: str
+    declare_exchange: bool
+    unroutable: str
+    connect_timeout: float
+    reconnect_max: float
+    _lock: threading.Lock
+    _ioloop: IOLoop | None
+    _running: IOLoop | None
+    _conn: pika.SelectConnection | None
+    _channel: Any
+    _next_tag: int
+    _batch: _Batch | None
+    _down: str | None
+    _blocked: bool
+    _failures: int
+    _retry_at: float
+    _last_error: str
+
+    def _on_confirm(self, frame: Any) -> None:
+        batch = self._batch
+        if batch is None:
+            return
+        method = frame.method
+        nack = isinstance(method, pika.spec.Basic.Nack)
+        tag = int(method.delivery_tag)
+        if method.multiple:
+            upto = self._next_tag if tag == 0 else tag
+            for each in range(batch.low, upto + 1):
+                self._confirm_one(batch, each, nack)
+            batch.low = max(batch.low, upto + 1)
+        else:
+            self._confirm_one(batch, tag, nack)
+        if not batch.pending:
+            self._wake()
+
+    def _confirm_one(self, batch: _Batch, tag: int, nack: bool) -> None:
+        index = batch.pending.pop(tag, None)
+        if index is None:
+            return
+        if nack:
+            batch.outcomes[index] = Outcome.retry(
+                "RabbitMQ nacked the message (it could not be stored)"
+            )
+            return
+        returned = batch.returned.get(index)
+        if returned is None:
+            batch.outcomes[index] = Outcome.ok()
+        elif self.unroutable == "retry":
+            batch.outcomes[index] = Outcome.retry(returned)
+        else:
+            batch.outcomes[index] = Outcome.reject(returned)
+
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        batch = self._batch
+        if batch is None:
+            return
+        positions = batch.by_message_id.get(properties.message_id)
+        if not positions:
+            return
+        batch.returned[positions.popleft()] = (
+            f"no queue bound for routing key {method.routing_key!r} "
+            f"on exchange {method.exchange!r} ({method.reply_code} {method.reply_text})"
+        )
+
+    def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
+        if channel is self._channel:
+            # a channel also closes when its connection dies: name the real cause
+            closed = isinstance(reason, pika.exceptions.ChannelClosed)
+            self._lost(f"{'channel closed' if closed else 'connection lost'}: {_describe(reason)}")
+            batch = self._batch
+            if batch is not None and isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                batch.lost_by_event = True  # e.g. 406 PRECONDITION_FAILED on a message
+        self._wake()
+
+    def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
+        if connection is self._conn:
+            self._lost(f"connection lost: {_describe(reason)}")
+        self._wake()
+
+    def _on_open_error(self, connection: Any, reason: BaseException) -> None:
+        if connection is self._conn:
+            self._lost(_describe(reason))
+        self._wake()
+
+    def _on_blocked(self, connection: Any, _frame: Any) -> None:
+        if connection is self._conn:
+            log.warning("%s blocked publishing (resource alarm)", self.display)
+            self._blocked = True
+
+    def _on_unblocked(self, connection: Any, _frame: Any) -> None:
+        if connection is self._conn:
+            log.info("%s unblocked publishing", self.display)
+            self._blocked = False
+
+    def _lost(self, reason: str) -> None:
+        if self._down is None:
+            self._down = reason
+        if self._batch is not None and self._batch.lost is None:
+            self._batch.lost = reason
+
+    def _wake(self) -> None:
+        if self._running is not None:
+            self._running.stop()
+
+    def _run_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Run the I/O loop until ``done()`` or ``timeout`` seconds; return ``done()``."""
+        ioloop = self._ioloop
+        if ioloop is None:
+            return done()
+        deadline = time.monotonic() + timeout
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._turn(ioloop, remaining)
+        return True
+
+    def _pump(self) -> None:
+        """One pass of the I/O loop without waiting: write what the socket takes, read replies."""
+        if self._ioloop is not None:
+            self._turn(self._ioloop, 0.0)
+
+    def _turn(self, ioloop: IOLoop, limit: float) -> None:
+        timer = ioloop.call_later(limit, ioloop.stop)
+        self._running = ioloop
+        try:
+            ioloop.start()
+        finally:
+            self._running = None
+            ioloop.remove_timeout(timer)
+
+    def _ready(self) -> bool:
+        return (
+            self._down is None
+            and self._conn is not None
+            and self._conn.is_open
+            and self._channel is not None
+            and self._channel.is_open
+        )
+
+    def _ensure_channel(self) -> None:
+        if self._ready():
+            # Take in what arrived while idle: heartbeats, or a close from the
+            # server (heartbeat timeout, restart) that must not eat a batch.
+            self._pump()
+            if self._ready():
+                return
+            log.info("%s: %s; reconnecting", self.display, self._down or "connection closed")
+            self._teardown()
+        elif self._conn is not None:
+            self._teardown()
+        wait = self._retry_at - time.monotonic()
+        if wait > 0:
+            raise _Unavailable(
+                f"RabbitMQ unavailable ({self._last_error}); next connection attempt in "
+                f"{wait:.1f}s",
+                retry_after=wait,
+            )
+        try:
+            self._connect()
+        except Exception as exc:
+            if isinstance(exc, _Unavailable):
+                message = exc.message
+            else:  # not expected from pika, but publish must not raise
+                log.exception("unexpected error while connecting to %s", self.display)
+                message = f"connecting to {self.display} failed: {_describe(exc)}"
+            self._teardown()
+            self._failures += 1
+            ceiling = min(self.reconnect_max, 0.5 * 2 ** min(self._failures - 1, 16))
+            delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+            self._retry_at = time.monotonic() + delay
+            self._last_error = message
+            # Once per outage: the relay reports the outage and its end.
+            log.log(
+                logging.WARNING if self._failures == 1 else logging.DEBUG,
+                "RabbitMQ: %s (attempt %d; next attempt in %.1fs)",
+                message,
+                self._failures,
+                delay,
+            )
+            raise _Unavailable(message) from None
+        if self._failures:
+            log.info("%s: connected after %d failed attempts", self.display, self._failures)
+        self._failures = 0
+        self._retry_at = 0.0
+
+    def _step(self, what: str, start: Callable[[Callable[..., None]], None]) -> None:
+        """Start an asynchronous pika operation and run the loop until its callback."""
+        done: list[bool] = []
+
+        def finished(*_args: Any) -> None:
+            done.append(True)
+            self._wake()
+
+        try:
+            start(finished)
+        except pika.exceptions.AMQPError as exc:
+            raise _Unavailable(f"{what} failed: {_describe(exc)}") from None
+        if not self._run_until(lambda: bool(done) or self._down is not None, self.connect_timeout):
+            raise _Unavailable(f"{what} timed out after {self.connect_timeout:g}s")
+        if not done:
+            raise _Unavailable(f"{what} failed: {self._down}")
+
+    def _connect(self) -> None:
+        self._down = None
+        self._blocked = False
+        self._ioloop = IOLoop()
+
+        def open_connection(callback: Callable[..., None]) -> None:
+            self._conn = pika.SelectConnection(
+                self.parameters,
+                on_open_callback=callback,
+                on_open_error_callback=self._on_open_error,
+                on_close_callback=self._on_connection_closed,
+                custom_ioloop=self._ioloop,
+            )
+            self._conn.add_on_connection_blocked_callback(self._on_blocked)
+            self._conn.add_on_connection_unblocked_callback(self._on_unblocked)
+
+        self._step(f"connecting to {self.display}", open_connection)
+        conn = self._conn
+        assert conn is not None
+
+        def open_channel(callback: Callable[..., None]) -> None:
+            self._channel = conn.channel(on_open_callback=callback)
+            self._channel.add_on_close_callback(self._on_channel_closed)
+            self._channel.add_on_return_callback(self._on_return)
+
+        self._step("opening a channel", open_channel)
+        self._step(
+            "enabling publisher confirms",
+            lambda callback: self._channel.confirm_delivery(
+                ack_nack_callback=self._on_confirm, callback=callback
+            ),
+        )
+        self._next_tag = 0
+        if self.exchange:  # the default exchange "" always exists and cannot be declared
+            passive = not self.declare_exchange or self.exchange.startswith("amq.")
+            self._step(
+                f"{'checking' if passive else 'declaring'} exchange {self.exchange!r}",
+                lambda callback: self._channel.exchange_declare(
+                    exchange=self.exchange,
+                    exchange_type=self.exchange_type,
+                    passive=passive,
+                    durable=True,
+                    callback=callback,
+                ),
+            )
+        log.info("connected to %s (exchange %r)", self.display, self.exchange)
+
+    def _teardown(self) -> None:
+        """Close the connection (bounded wait) and forget it; the next batch reconnects."""
+        conn, ioloop = self._conn, self._ioloop
+        self._conn = None
+        self._channel = None
+        self._down = None
+        self._blocked = False
+        if conn is not None and ioloop is not None:
+            try:
+                if not (conn.is_closed or conn.is_closing):
+                    conn.close()
+                deadline = time.monotonic() + _CLOSE_TIMEOUT
+                while not conn.is_closed and time.monotonic() < deadline:
+                    self._turn(ioloop, deadline - time.monotonic())
+            except Exception:  # closing is best effort
+                log.debug("error while closing the RabbitMQ connection", exc_info=True)
+        if ioloop is not None:
+            self._ioloop = None
+            try:
+                ioloop.close()
+            except Exception:
+                log.debug("error while closing the I/O loop", exc_info=True)
