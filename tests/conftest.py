@@ -72,6 +72,18 @@ def _probe(url: str) -> str | None:
     return reason
 
 
+def async_url(backend: str, db_url: str) -> str:
+    """``db_url`` with the async driver the test dependencies have; skip where there is none."""
+    pytest.importorskip("greenlet")
+    async_urls = {
+        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
+        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
+    }
+    if backend not in async_urls:
+        pytest.skip(f"no async driver for {backend} in the test dependencies")
+    return async_urls[backend]
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -30,6 +30,7 @@ from outbox_core import (
 )
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import Event, Failure
+from tests.conftest import async_url
 from tests.support import set_lock_timeout
 
 LEASE = 30.0
@@ -114,18 +115,11 @@ def test_enqueue_with_a_session(outbox: Outbox) -> None:
 
 
 def test_enqueue_async(backend: str, outbox: Outbox, db_url: str) -> None:
-    pytest.importorskip("greenlet")
+    url = async_url(backend, db_url)
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    async_urls = {
-        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
-        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
-    }
-    if backend not in async_urls:
-        pytest.skip(f"no async driver for {backend} in the test dependencies")
-
     async def scenario() -> list[str]:
-        engine = create_async_engine(async_urls[backend])
+        engine = create_async_engine(url)
         ids = []
         try:
             async with engine.begin() as conn:
@@ -148,20 +142,14 @@ def test_enqueue_async_wakes_in_process_relays_at_commit_like_enqueue(
     backend: str, outbox: Outbox, db_url: str
 ) -> None:
     """enqueue_async once skipped the after-commit wake-up that enqueue does."""
-    pytest.importorskip("greenlet")
+    url = async_url(backend, db_url)
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    async_urls = {
-        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
-        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
-    }
-    if backend not in async_urls:
-        pytest.skip(f"no async driver for {backend} in the test dependencies")
     relay, _ = _relay(outbox)
     woken: list[bool] = []
 
     async def scenario() -> None:
-        engine = create_async_engine(async_urls[backend])
+        engine = create_async_engine(url)
         try:
             async with engine.begin() as conn:
                 await outbox.enqueue_async(conn, "t", {"n": 1})

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from outbox_core import Outbox
 from outbox_core.inbox import Inbox, cleanup_inbox
+from tests.conftest import async_url
 from tests.contract.broker_fixtures import RabbitState
 from tests.support import set_lock_timeout
 
@@ -106,19 +107,13 @@ def test_a_rolled_back_transaction_records_nothing(inbox: Inbox, outbox: Outbox)
 
 
 def test_record_async(backend: str, inbox: Inbox, db_url: str) -> None:
-    pytest.importorskip("greenlet")
+    url = async_url(backend, db_url)
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    async_urls = {
-        "sqlite": db_url.replace("sqlite://", "sqlite+aiosqlite://"),
-        "postgresql": db_url.replace("+psycopg", "+psycopg_async"),
-    }
-    if backend not in async_urls:
-        pytest.skip(f"no async driver for {backend} in the test dependencies")
     first, second = new_id(), new_id()
 
     async def scenario() -> list[bool]:
-        engine = create_async_engine(async_urls[backend])
+        engine = create_async_engine(url)
         try:
             results = []
             async with engine.begin() as conn:
