@@ -1,0 +1,136 @@
+"""Values and constants the dialects share: server identity, table summaries, session limits."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from outbox_core.message import State
+
+#: Longest error text kept in ``last_error``.
+MAX_ERROR = 2000
+
+
+_ACTIVE = (State.PENDING, State.LEASED)
+
+
+#: Most keys one walk of an ordered claim visits (it visits twice the batch,
+#: up to this): bounds the walk's work per claim however many keys there are.
+MAX_KEYS_PER_CLAIM = 500
+
+
+#: Run end of a key with fewer pending rows than the run length: no end.
+NO_END = 2**62
+
+
+#: Most walks over keys one ordered claim makes when every key it meets is blocked.
+MAX_WALKS = 8
+
+
+class Listener(Protocol):
+    """Waits for wake-ups sent by producers' commits."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when a wake-up arrived."""
+
+    def close(self) -> None:
+        """Stop listening and drop the connection."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a server says it is (``outbox doctor``, the compatibility matrix)."""
+
+    #: ``PostgreSQL``, ``MariaDB``, ``MySQL``, ``SQL Server 2022``, ``SQLite``.
+    product: str
+    #: Its version, e.g. ``15.20`` or ``10.11.19``.
+    version: str
+    #: The server's own full description (``SELECT version()`` and the like).
+    full: str
+
+    @property
+    def label(self) -> str:
+        """``product version``: a matrix column, a doctor finding."""
+        return f"{self.product} {self.version}"
+
+
+def version_prefix(text: str) -> str:
+    """The leading dotted number of a version (``10.11.19-MariaDB-0+deb12u1``: ``10.11.19``)."""
+    match = re.match(r"\s*(\d+(?:\.\d+)*)", text)
+    return match.group(1) if match else text.strip().split(" ")[0]
+
+
+@dataclass(frozen=True)
+class Activity:
+    """The table's recent traffic, from :meth:`Dialect.activity` (times: the database's)."""
+
+    oldest_pending_created: datetime | None
+    now: datetime
+    created_last_minute: int
+    sent_last_minute: int
+    last_sent_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits for a relay, from :meth:`Dialect.backlog`."""
+
+    pending: int
+    due: int
+    oldest_due: datetime | None
+    expired_leases: int
+    now: datetime
+
+
+@dataclass(frozen=True)
+class LiveLeases:
+    """Leases still running, from :meth:`Dialect.live_leases`."""
+
+    count: int
+    until: datetime | None
+    tokens: list[str]
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Server-side bounds for a relay connection, derived from the relay's lease.
+
+    ``idle_in_transaction``: a transaction left idle this long is rolled back
+    by the server (its row locks go with it). ``lock_wait``: the longest a
+    statement waits for another session's row lock before failing.
+    """
+
+    idle_in_transaction: float
+    lock_wait: float
+
+    @classmethod
+    def for_lease(cls, lease: float) -> SessionLimits:
+        """About one lease for a frozen transaction; a quarter of it (0.5-5 s) for lock waits.
+
+        Relays never wait on each other's locks on purpose (SKIP LOCKED), so
+        a lock wait means a stuck session: fail fast and let the lease decide.
+        """
+        return cls(idle_in_transaction=max(lease, 1.0), lock_wait=min(max(lease / 4, 0.5), 5.0))
+
+
+def delete_in_batches(
+    delete_batch: Callable[[int], int], *, batch: int, max_batches: int | None = None
+) -> int:
+    """Run ``delete_batch(batch)`` (one short transaction each) until little is left.
+
+    Stops when a call deletes fewer than ``batch`` rows or after
+    ``max_batches`` calls; returns the rows deleted. Bounded batches keep
+    every transaction short (no lock escalation, no long-held locks), so
+    relays and producers never wait behind a large delete.
+    """
+    total = done = 0
+    while max_batches is None or done < max_batches:
+        deleted = delete_batch(batch)
+        total += deleted
+        done += 1
+        if deleted < batch:
+            break
+    return total
