@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import sqlalchemy as sa
+
 from outbox_core.doctor.model import DoctorContext, Finding, Severity
 
 

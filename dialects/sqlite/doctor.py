@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import sqlalchemy as sa
+
 from outbox_core.doctor.model import DoctorContext, Finding, Severity
 
 
