@@ -35,12 +35,11 @@ _CLOSE_TIMEOUT: Final = 2.0
 
 
 class _Unavailable(Exception):
-    """The broker cannot publish now; every event of the batch is ``retry``."""
+    """The broker cannot publish now; every event of the batch is ``unavailable``."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.retry_after = retry_after
 
 
 class _Batch:
@@ -264,9 +263,7 @@ class ConfirmingConnection:
         wait = self._retry_at - time.monotonic()
         if wait > 0:
             raise _Unavailable(
-                f"RabbitMQ unavailable ({self._last_error}); next connection attempt in "
-                f"{wait:.1f}s",
-                retry_after=wait,
+                f"RabbitMQ unavailable ({self._last_error}); next connection attempt in {wait:.1f}s"
             )
         try:
             self._connect()
