@@ -1,16 +1,21 @@
 """Drain rate of one relay against the database's own ceiling, measured in the same run.
 
-Prefills N events, then in the same run:
+Each round measures, every one on a fresh table filled with the same N
+events and analyzed after the fill (so no measurement inherits another's dead
+rows or stale statistics), in alternating order from round to round:
 
 1. ceiling: a bare lease loop on a minimal table (``bench/bare_lease.py``:
    primary key, state, lease columns, a bytes payload, one index for pending
    rows; claim then fenced mark, none of the toolkit's SQL): what the
    database itself gives at this batch;
-2. for diagnosis: the toolkit's own claim and mark_sent statements in a bare
-   loop on the outbox table (no broker, no relay bookkeeping);
-3. relay: ``Relay.run()`` (pipelined) draining the same N events to the memory broker;
-4. the ratios relay / ceiling (issue 14's targets at batch 500: 0.75 on
-   PostgreSQL, 0.6 on MariaDB, ordered over 1,000 keys 0.5).
+2. relay: ``Relay.run()`` (pipelined) draining the N events to the memory broker;
+3. relay in ordered mode, for each ``--ordered-runs`` run length;
+4. for diagnosis: the toolkit's own claim and mark_sent statements in a bare
+   loop on the outbox table (no broker, no relay bookkeeping).
+
+It prints each round's ratios to the ceiling and their medians (issue 14's
+targets at batch 500: 0.75 on PostgreSQL, 0.6 on MariaDB, ordered over 1,000
+keys at run length 1: 0.5).
 
     python bench/drain.py --db postgresql+psycopg://postgres@127.0.0.1:5432/test
     python bench/drain.py --db mysql+pymysql://root@127.0.0.1:3306/test
@@ -20,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-
-import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,27 +38,10 @@ from bench.bare_lease import bare_lease_rate
 from bench.common import PAYLOAD, bulk_prefill, run_until_sent
 from outbox_core import Outbox
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.message import State
 
 
-def reset(outbox: Outbox) -> None:
-    """Every event pending again (so both measurements drain the same rows)."""
-    t = outbox.table
-    with outbox.engine.begin() as conn:
-        conn.execute(
-            sa.update(t).values(
-                state=int(State.PENDING),
-                attempts=0,
-                lease_owner=None,
-                lease_until=None,
-                sent_at=None,
-                available_at=t.c.created_at,
-            )
-        )
-
-
-def own_statements(outbox: Outbox, batch: int) -> tuple[float, int]:
-    """The toolkit's claim + mark_sent in a bare loop on one connection: (events/s, events)."""
+def own_statements(outbox: Outbox, batch: int) -> float:
+    """The toolkit's claim + mark_sent in a bare loop on one connection: events/s."""
     dialect = outbox.dialect
     moved = 0
     conn = dialect.connect(outbox.engine)
@@ -67,12 +55,13 @@ def own_statements(outbox: Outbox, batch: int) -> tuple[float, int]:
             moved += dialect.mark_sent(conn, [e.id for e in events], token=token, delete=False)
     finally:
         conn.close()
-    return moved / (time.perf_counter() - started), moved
+    return moved / (time.perf_counter() - started)
 
 
 def relay_rate(
     outbox: Outbox, batch: int, total: int, *, ordered: bool = False, run_length: int = 1
 ) -> float:
+    """Events/s for ``Relay.run()`` draining ``total`` events to the memory broker."""
     relay = outbox.relay(
         MemoryBroker(MemoryQueue("drain")),
         batch_size=batch,
@@ -84,53 +73,84 @@ def relay_rate(
     return run_until_sent(relay, total)
 
 
+def on_fresh_table(url: str, events: int, keys: int, drain: Callable[[Outbox], float]) -> float:
+    """Create an outbox table, fill and analyze it, run ``drain`` on it, drop it."""
+    outbox = Outbox(url, table=f"bench_drain_{uuid.uuid4().hex[:8]}")
+    outbox.install()
+    try:
+        bulk_prefill(outbox, events, keys=keys)
+        with outbox.engine.begin() as conn:
+            outbox.dialect.analyze(conn)
+        return drain(outbox)
+    finally:
+        outbox.tables.metadata.drop_all(outbox.engine)
+        outbox.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--keys", type=int, default=1000, help="distinct ordering keys")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--ordered-runs",
-        default="",
-        help="also drain in ordered mode with these run lengths, e.g. 1,10,50",
+        default="1",
+        help="also drain in ordered mode with these run lengths, e.g. 1,10,50 ('' for none)",
     )
+    parser.add_argument("--no-diagnosis", action="store_true", help="skip the own-statement loop")
     args = parser.parse_args()
+    n, batch = args.events, args.batch
+    payload = json.dumps(PAYLOAD).encode()
+    probe = Outbox(args.db, table="bench_probe")
+    dialect = probe.dialect
 
-    outbox = Outbox(args.db, table=f"bench_drain_{uuid.uuid4().hex[:8]}")
-    outbox.install()
+    def bare() -> float:
+        return bare_lease_rate(probe.engine, n, batch, payload, dialect.analyze)
+
+    def fresh(drain: Callable[[Outbox], float]) -> Callable[[], float]:
+        return lambda: on_fresh_table(args.db, n, args.keys, drain)
+
+    runs: dict[str, Callable[[], float]] = {
+        "ceiling": bare,
+        "relay": fresh(lambda o: relay_rate(o, batch, n)),
+    }
+    for run_length in (int(x) for x in args.ordered_runs.split(",") if x):
+        runs[f"ordered, run length {run_length}"] = fresh(
+            lambda o, r=run_length: relay_rate(o, batch, n, ordered=True, run_length=r)
+        )
+    if not args.no_diagnosis:
+        runs["own statements"] = fresh(lambda o: own_statements(o, batch))
+
+    print(f"database: {dialect.name}, events: {n}, batch: {batch}, keys: {args.keys}")
+    rates: dict[str, list[float]] = {name: [] for name in runs}
     try:
-        fill = bulk_prefill(outbox, args.events, keys=args.keys)
-        print(f"prefilled {args.events} events ({fill:.0f} events/s)")
-        payload = json.dumps(PAYLOAD).encode()
-        bare = bare_lease_rate(outbox.engine, args.events, args.batch, payload)
-        raw, moved = own_statements(outbox, args.batch)
-        assert moved == args.events, moved
-        reset(outbox)
-        rate = relay_rate(outbox, args.batch, args.events)
-        ordered: list[tuple[int, float]] = []
-        for run_length in (int(x) for x in args.ordered_runs.split(",") if x):
-            reset(outbox)
-            ordered.append(
-                (
-                    run_length,
-                    relay_rate(
-                        outbox, args.batch, args.events, ordered=True, run_length=run_length
-                    ),
-                )
-            )
+        for round_ in range(1, args.rounds + 1):
+            # Alternate the order so drift in the machine's speed (autovacuum,
+            # checkpoints, other processes) falls on both sides alike.
+            names = list(runs) if round_ % 2 else list(reversed(runs))
+            for name in names:
+                rates[name].append(runs[name]())
+            ceiling = rates["ceiling"][-1]
+            parts = [f"ceiling {ceiling:7.0f}/s"] + [
+                f"{name} {rates[name][-1]:7.0f}/s ({rates[name][-1] / ceiling:.2f})"
+                for name in runs
+                if name != "ceiling"
+            ]
+            print(f"round {round_}: " + "; ".join(parts), flush=True)
     finally:
-        outbox.tables.metadata.drop_all(outbox.engine)
-        outbox.dispose()
-    print(f"database: {outbox.dialect.name}, events: {args.events}, batch: {args.batch}")
-    print(f"ceiling, bare lease loop on a minimal table: {bare:8.0f} events/s")
-    print(f"toolkit claim+mark in a bare loop (diagnosis): {raw:8.0f} events/s")
-    print(f"relay to memory broker: {rate:8.0f} events/s")
-    print(f"ratio relay/ceiling: {rate / bare:.2f}; relay/own statements: {rate / raw:.2f}")
-    for run_length, ordered_rate in ordered:
+        probe.dispose()
+    ceilings = rates["ceiling"]
+    ceiling = statistics.median(ceilings)
+    print(f"ceiling, bare lease loop on a minimal table (median): {ceiling:8.0f} events/s")
+    for name in runs:
+        if name == "ceiling":
+            continue
+        ratios = [r / c for r, c in zip(rates[name], ceilings, strict=True)]
         print(
-            f"ordered over {args.keys} keys, run length {run_length:>3}: "
-            f"{ordered_rate:8.0f} events/s, ratio to the ceiling {ordered_rate / bare:.2f}"
+            f"{name} (median): {statistics.median(rates[name]):8.0f} events/s, ratio to the "
+            f"ceiling {statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})"
         )
 
 

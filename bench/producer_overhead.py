@@ -1,10 +1,13 @@
-"""What ``enqueue`` adds to a one-row business transaction.
+"""What ``enqueue`` adds to a one-row business transaction, and what ``enqueue_many`` gains.
 
 Times N transactions that insert one order row, then N that insert the row and
 enqueue one event (NOTIFY on and off on PostgreSQL); prints the median and the
 added time in percent (target <= 15%). For reference, the same transaction
 with one more plain row in a two-column table: what any second statement in
 the transaction costs, the floor for an outbox that writes in it.
+
+Then ``--bulk`` events, 1,000 per transaction: ``enqueue`` one by one against
+``enqueue_many`` (target: at least 5 times the per-event rate).
 
     python bench/producer_overhead.py --n 3000
 """
@@ -46,10 +49,31 @@ def timed(engine: sa.Engine, n: int, bodies: dict[str, Any], block: int = 50) ->
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def bulk_rates(outbox: Outbox, total: int, per_transaction: int = 1000) -> tuple[float, float]:
+    """Events/s for ``total`` events, ``per_transaction`` a transaction: singly, then in bulk."""
+    events = [
+        {"topic": "order.created", "payload": {"order_id": i, "total": 1999}, "key": f"o{i % 100}"}
+        for i in range(per_transaction)
+    ]
+    rates = []
+    for bulk in (False, True):
+        started = time.perf_counter()
+        for _ in range(total // per_transaction):
+            with outbox.engine.begin() as conn:
+                if bulk:
+                    outbox.enqueue_many(conn, events)
+                else:
+                    for e in events:
+                        outbox.enqueue(conn, e["topic"], e["payload"], key=e["key"])
+        rates.append(total / (time.perf_counter() - started))
+    return rates[0], rates[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--bulk", type=int, default=20_000, help="events for enqueue_many")
     args = parser.parse_args()
     suffix = uuid.uuid4().hex[:8]
     meta = sa.MetaData()
@@ -106,6 +130,11 @@ def main() -> None:
             if label.startswith("with"):
                 line += f"   ({(t - floor) * 1e6:+.0f} us vs one more plain row)"
             print(line)
+        one, many = bulk_rates(outbox, args.bulk)
+        print(
+            f"{args.bulk} events, 1,000 per transaction: enqueue {one:8.0f} events/s, "
+            f"enqueue_many {many:8.0f} events/s ({many / one:.1f}x, target >= 5x)"
+        )
     finally:
         meta.drop_all(engine)
         outbox.tables.metadata.drop_all(engine)

@@ -31,6 +31,17 @@ SCHEMA: str | None = None
 INBOX = f"{TABLE}_inbox"
 
 
+#: Databases with partial (filtered) indexes.
+PARTIAL = ("postgresql", "sqlite", "mssql")
+#: (name, columns, state) of each partial index: pending (0), leased (1), dead (3).
+_WORK_INDEXES = [
+    ("ix_{}_pending", ["id"], 0),
+    ("ix_{}_pending_key", ["key", "id"], 0),
+    ("ix_{}_leased", ["key", "id"], 1),
+    ("ix_{}_dead", ["key", "id"], 3),
+]
+
+
 def _timestamp() -> Any:
     # UTC everywhere: TIMESTAMPTZ, DATETIME(6), DATETIME2(6), SQLite text.
     return (
@@ -81,24 +92,26 @@ def upgrade() -> None:
         schema=SCHEMA,
         sqlite_autoincrement=True,
     )
-    # Every index leads with state: MariaDB locks the rows a claim scans.
-    op.create_index(f"ix_{TABLE}_state_id", TABLE, ["state", "id"], schema=SCHEMA)
-    op.create_index(f"ix_{TABLE}_state_key_id", TABLE, ["state", "key", "id"], schema=SCHEMA)
-    op.create_index(f"ix_{TABLE}_state_lease", TABLE, ["state", "lease_until"], schema=SCHEMA)
     op.create_index(f"ux_{TABLE}_event_id", TABLE, ["event_id"], unique=True, schema=SCHEMA)
-    # The partial index of the claim's hot path, where the database has partial
-    # indexes (get_context works offline too, with `alembic upgrade --sql`).
-    if op.get_context().dialect.name in ("postgresql", "sqlite", "mssql"):
-        pending = sa.text("state = 0")
-        op.create_index(
-            f"ix_{TABLE}_pending",
-            TABLE,
-            ["id"],
-            schema=SCHEMA,
-            postgresql_where=pending,
-            sqlite_where=pending,
-            mssql_where=pending,
-        )
+    # The indexes claims read, covering only rows still to deliver where the
+    # database has partial indexes; MySQL/MariaDB lead with state instead
+    # (InnoDB locks the rows a claim scans). get_context works offline too,
+    # with `alembic upgrade --sql`.
+    if op.get_context().dialect.name in PARTIAL:
+        for name, columns, state in _WORK_INDEXES:
+            where = sa.text(f"state = {state}")
+            op.create_index(
+                name.format(TABLE),
+                TABLE,
+                columns,
+                schema=SCHEMA,
+                postgresql_where=where,
+                sqlite_where=where,
+                mssql_where=where,
+            )
+    else:
+        op.create_index(f"ix_{TABLE}_state_id", TABLE, ["state", "id"], schema=SCHEMA)
+        op.create_index(f"ix_{TABLE}_state_key_id", TABLE, ["state", "key", "id"], schema=SCHEMA)
     op.create_table(
         INBOX,
         sa.Column("consumer", sa.Unicode(128), primary_key=True),
@@ -113,8 +126,10 @@ def downgrade() -> None:
     """Drop both tables (and with them every event they hold)."""
     op.drop_index(f"ix_{INBOX}_processed_at", table_name=INBOX, schema=SCHEMA)
     op.drop_table(INBOX, schema=SCHEMA)
-    if op.get_context().dialect.name in ("postgresql", "sqlite", "mssql"):
-        op.drop_index(f"ix_{TABLE}_pending", table_name=TABLE, schema=SCHEMA)
-    for name in ("ux_{}_event_id", "ix_{}_state_lease", "ix_{}_state_key_id", "ix_{}_state_id"):
+    if op.get_context().dialect.name in PARTIAL:
+        names = [name for name, _, _ in _WORK_INDEXES]
+    else:
+        names = ["ix_{}_state_id", "ix_{}_state_key_id"]
+    for name in [*names, "ux_{}_event_id"]:
         op.drop_index(name.format(TABLE), table_name=TABLE, schema=SCHEMA)
     op.drop_table(TABLE, schema=SCHEMA)

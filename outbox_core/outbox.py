@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,11 +24,14 @@ from outbox_core import tracing
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import Settings, mask_url
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
-from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
+from outbox_core.errors import ConfigurationError, EventError, TableMissing, translate_errors
 from outbox_core.message import NewEvent, build_new_event
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
+
+#: The arguments of one event in ``enqueue_many``.
+_EVENT_FIELDS = frozenset({"topic", "payload", "key", "headers", "delay"})
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -248,6 +251,66 @@ class Outbox:
         if first and self._local_relays:
             _wake_after_commit(bind, self._local_relays)
         return event.event_id
+
+    def enqueue_many(
+        self, conn: Connection | Session, events: Iterable[Mapping[str, Any]]
+    ) -> list[str]:
+        r"""Add many events to the caller's transaction in a few statements; return their ids.
+
+        Each item is a mapping of :meth:`enqueue`'s arguments: ``topic`` and
+        ``payload``, and optionally ``key``, ``headers`` and ``delay``. Events
+        go in as multi-row ``INSERT``\ s (up to 1,000 rows each), in the
+        order given, so each key's events keep that order. Every event is
+        checked before anything is written: one that cannot be stored raises
+        :class:`~outbox_core.errors.EventError` (or ``PayloadError``) naming
+        its position and field, and none of them is written. Like
+        :meth:`enqueue`, this never commits.
+        """
+        if not isinstance(conn, Connection | Session):
+            raise ConfigurationError(
+                "enqueue_many needs the Connection or Session of your transaction, "
+                f"not {type(conn).__name__}"
+            )
+        bind = conn if isinstance(conn, Connection) else conn.connection()
+        built: list[NewEvent] = []
+        for i, spec in enumerate(events):
+            if not isinstance(spec, Mapping):
+                raise EventError(
+                    f"events[{i}]: each event is a mapping of enqueue's arguments "
+                    f"(topic, payload, key, headers, delay), not {type(spec).__name__}"
+                )
+            unknown = sorted(set(spec) - _EVENT_FIELDS)
+            missing = sorted({"topic", "payload"} - set(spec))
+            if unknown or missing:
+                problem = f"unknown {', '.join(unknown)}" if unknown else ""
+                if missing:
+                    problem += ("; " if problem else "") + f"missing {', '.join(missing)}"
+                raise EventError(
+                    f"events[{i}]: {problem} (an event has topic, payload, key, headers, delay)"
+                )
+            try:
+                event = build_new_event(
+                    spec["topic"],
+                    spec["payload"],
+                    key=spec.get("key"),
+                    headers=tracing.with_trace_context(spec.get("headers")),
+                    delay=spec.get("delay"),
+                )
+                self._check_event(bind, event)
+            except EventError as exc:
+                raise type(exc)(f"events[{i}]: {exc}") from exc
+            built.append(event)
+        if not built:
+            return []
+        first = _first_in_transaction(bind, self)
+        calls = self.dialect.enqueue_many_calls(
+            built, notify=self.notify and first, driver=bind.dialect
+        )
+        for stmt, params in calls:
+            conn.execute(stmt, params)
+        if first and self._local_relays:
+            _wake_after_commit(bind, self._local_relays)
+        return [e.event_id for e in built]
 
     async def enqueue_async(
         self,

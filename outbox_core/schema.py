@@ -22,8 +22,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql
+from sqlalchemy.schema import SchemaItem
+from sqlalchemy.sql.compiler import DDLCompiler
+from sqlalchemy.sql.ddl import BaseDDLElement
 
 from outbox_core.errors import InvalidIdentifier
+from outbox_core.message import State
 
 DEFAULT_TABLE = "outbox"
 # Long enough for real names, short enough that index names stay under
@@ -86,13 +90,6 @@ def _build_outbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Ta
             sa.UnicodeText().with_variant(mssql.NVARCHAR(None), "mssql"),
             nullable=True,
         ),
-        # Every index leads with state: MariaDB locks the rows it scans, so
-        # leased and sent rows must fall outside a claim's range. (state, key,
-        # id) serves ordered claims: a loose scan of the keys with pending rows,
-        # and each key's first rows, without reading sent history.
-        sa.Index(f"ix_{name}_state_id", "state", "id"),
-        sa.Index(f"ix_{name}_state_key_id", "state", "key", "id"),
-        sa.Index(f"ix_{name}_state_lease", "state", "lease_until"),
         sa.Index(f"ux_{name}_event_id", "event_id", unique=True),
         schema=schema,
         # AUTOINCREMENT: SQLite never reuses a deleted id, so ids stay in insertion order.
@@ -100,16 +97,120 @@ def _build_outbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Ta
     )
 
 
-def _add_pending_index(table: sa.Table) -> None:
-    # A partial index where the database has them: the claim's hot path stays
-    # small however many sent rows are kept.
-    sa.Index(
-        f"ix_{table.name}_pending",
-        table.c.id,
-        postgresql_where=table.c.state == 0,
-        sqlite_where=table.c.state == 0,
-        mssql_where=table.c.state == 0,
-    ).ddl_if(dialect=("postgresql", "sqlite", "mssql"))  # type: ignore[arg-type]  # documented
+def _partial(
+    ddl: BaseDDLElement,
+    target: SchemaItem | str,
+    bind: sa.Connection | None,
+    tables: list[sa.Table] | None = None,
+    state: Any | None = None,
+    *,
+    dialect: sa.Dialect,
+    compiler: DDLCompiler | None = None,
+    checkfirst: bool = False,
+) -> bool:
+    """Whether ``dialect``'s database has partial indexes (its dialect class says)."""
+    from outbox_core.dialects.base.registry import get_dialect
+
+    return get_dialect(dialect.name).partial_indexes
+
+
+def _composite(
+    ddl: BaseDDLElement,
+    target: SchemaItem | str,
+    bind: sa.Connection | None,
+    tables: list[sa.Table] | None = None,
+    state: Any | None = None,
+    *,
+    dialect: sa.Dialect,
+    compiler: DDLCompiler | None = None,
+    checkfirst: bool = False,
+) -> bool:
+    """The opposite: the database has no partial indexes (MySQL, MariaDB)."""
+    return not _partial(ddl, target, bind, dialect=dialect, checkfirst=checkfirst)
+
+
+def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[bool]) -> None:
+    # SQLAlchemy's per-database keyword for the predicate; each database reads its own.
+    sa.Index(name, *columns, postgresql_where=where, sqlite_where=where, mssql_where=where).ddl_if(
+        callable_=_partial
+    )
+
+
+def in_state(column: sa.ColumnElement[int], *states: int) -> sa.ColumnElement[bool]:
+    """``state = 0`` or ``state IN (1, 3)``, the values written into the SQL, not bound.
+
+    A partial (filtered) index serves a query only when the query's WHERE
+    implies the index's at plan time: a bound ``state = ?`` never does on SQL
+    Server and SQLite, and may not in a generic plan of a statement
+    PostgreSQL has prepared. States are a handful of constants, so literals
+    cost no statement-cache entries.
+    """
+    values = [sa.literal_column(str(int(s)), sa.SmallInteger()) for s in states]
+    return column == values[0] if len(values) == 1 else column.in_(values)
+
+
+def _add_work_indexes(table: sa.Table) -> None:
+    """The indexes claims, settles and the reaper read: only rows still to deliver.
+
+    Every claim and every settle changes ``state``, so each such update writes
+    a new entry into every index whose columns or predicate it touches (on
+    PostgreSQL none of them can be a HOT update). Sent rows, the history that
+    grows without bound, are kept out of all of them where the database has
+    partial indexes:
+
+    * ``ix_<t>_pending (id) WHERE state = 0``: unordered claims, oldest first;
+    * ``ix_<t>_pending_key (key, id) WHERE state = 0``: ordered claims, the
+      loose scan over keys with pending rows and each key's run;
+    * ``ix_<t>_leased (key, id) WHERE state = 1`` and ``ix_<t>_dead (key, id)
+      WHERE state = 3``: the head-of-key check (an earlier leased or dead row
+      of the key), the reaper and ``outbox status`` (few rows each). One
+      index per state, not one for both: SQLite uses a partial index only
+      when the query repeats its predicate term for term, and each check
+      asks for one state.
+
+    A claim then writes the primary key, ``event_id`` and ``leased``;
+    marking sent writes only the primary key and ``event_id`` (before: five
+    indexes each). Cleanup of old sent rows walks the primary key from the
+    oldest id.
+
+    MySQL and MariaDB have no partial indexes: ``(state, id)`` and ``(state,
+    key, id)`` lead with state, so InnoDB's claim ranges never cover leased or
+    sent rows (it locks the rows it scans); the leased and dead checks are
+    ranges of ``(state, key, id)`` too.
+    """
+    name = table.name
+    c = table.c
+    _partial_index(f"ix_{name}_pending", c.id, where=in_state(c.state, State.PENDING))
+    _partial_index(f"ix_{name}_pending_key", c.key, c.id, where=in_state(c.state, State.PENDING))
+    _partial_index(f"ix_{name}_leased", c.key, c.id, where=in_state(c.state, State.LEASED))
+    _partial_index(f"ix_{name}_dead", c.key, c.id, where=in_state(c.state, State.DEAD))
+    sa.Index(f"ix_{name}_state_id", c.state, c.id).ddl_if(callable_=_composite)
+    sa.Index(f"ix_{name}_state_key_id", c.state, c.key, c.id).ddl_if(callable_=_composite)
+
+
+def obsolete_indexes(table: sa.Table, partial_indexes: bool) -> list[str]:
+    """Indexes earlier versions created that ``outbox install`` now drops.
+
+    ``(state, lease_until)`` everywhere (the reaper reads the few leased rows
+    through ``leased`` or ``(state, key, id)``), and where partial indexes
+    exist, the full ``(state, id)`` and ``(state, key, id)``, which also
+    indexed every sent row.
+    """
+    name = table.name
+    old = [f"ix_{name}_state_lease"]
+    if partial_indexes:
+        old += [f"ix_{name}_state_id", f"ix_{name}_state_key_id"]
+    return old
+
+
+def detached_index(table: sa.Table, name: str) -> sa.Index:
+    """An index named ``name`` on a detached copy of ``table``: enough to drop it.
+
+    An index built on ``table`` itself would join its metadata (and be
+    created by the next ``create_all``).
+    """
+    copy = sa.Table(table.name, sa.MetaData(), sa.Column("state"), schema=table.schema)
+    return sa.Index(name, copy.c.state)
 
 
 def _build_inbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Table:
@@ -153,7 +254,7 @@ class OutboxTables:
             validate_identifier(schema, "schema name")
         md = metadata if metadata is not None else sa.MetaData()
         outbox = _build_outbox(md, table, schema)
-        _add_pending_index(outbox)
+        _add_work_indexes(outbox)
         inbox = _build_inbox(md, f"{table}_inbox", schema)
         return cls(md, outbox, inbox)
 

@@ -61,7 +61,7 @@ from outbox_core.dialects.base.values import (
     version_prefix,
 )
 from outbox_core.message import Event, Failure, NewEvent, State
-from outbox_core.schema import OutboxTables
+from outbox_core.schema import OutboxTables, detached_index, in_state, obsolete_indexes
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -100,6 +100,9 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
     #: True when concurrent claims skip each other's locked rows instead of
     #: waiting (SKIP LOCKED / READPAST). SQLite serialises writers instead.
     row_locks: ClassVar[bool] = True
+    #: The database has partial (filtered) indexes: the work indexes cover
+    #: only rows still to deliver (``schema._add_work_indexes``).
+    partial_indexes: ClassVar[bool] = True
     #: Ordered claims find keys with ``GROUP BY`` (MySQL runs it as a loose
     #: index scan; SQL Server's recursive CTEs allow no subqueries) instead of
     #: a recursive CTE.
@@ -237,6 +240,34 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         """Create the tables (idempotent) and apply database settings the outbox needs."""
         with self.transaction(conn):
             self.tables.create_all(conn)
+            self.drop_obsolete_indexes(conn)
+
+    def drop_obsolete_indexes(self, conn: Connection) -> list[str]:
+        """Drop the indexes an earlier version created that this one does not use.
+
+        Runs after ``create_all`` has built their replacements, so claims
+        always have an index to read. Returns the names dropped.
+        """
+        t = self.table
+        present = {ix["name"] for ix in sa.inspect(conn).get_indexes(t.name, schema=t.schema)}
+        dropped = [n for n in obsolete_indexes(t, self.partial_indexes) if n in present]
+        for name in dropped:
+            detached_index(t, name).drop(conn)
+        return dropped
+
+    #: The statement that refreshes a table's planner statistics (``{table}``: its quoted name).
+    analyze_sql: ClassVar[str] = "ANALYZE {table}"
+
+    def analyze(self, conn: Connection, table: sa.Table | None = None) -> None:
+        """Refresh the planner's statistics of ``table`` (the outbox table) after a bulk load.
+
+        A table filled faster than auto-analyze notices can be planned as if
+        empty; ``outbox migrate`` and the benchmarks call this after loading.
+        """
+        target = self.table if table is None else table
+        name = conn.dialect.identifier_preparer.format_table(target)
+        # No SQLAlchemy construct for ANALYZE; the name is a quoted, validated identifier.
+        conn.exec_driver_sql(self.analyze_sql.format(table=name))
 
     # -- what this database can store (enqueue and migrate) ------------------
 
@@ -248,6 +279,17 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         """Fold the wake-up into an enqueue ``INSERT`` where the database has one (PostgreSQL)."""
         return insert
 
+    def json_bind(self, name: str) -> sa.ColumnElement[Any]:
+        """A bound JSON value of the enqueue ``INSERT``.
+
+        Where :attr:`json_as_text` is set, the value bound is the JSON text
+        ``enqueue`` already made while checking the payload (serialising it
+        a second time costs as much as the rest of enqueue's Python).
+        """
+        if self.json_as_text:
+            return sa.bindparam(name, type_=sa.UnicodeText())
+        return sa.bindparam(name, type_=self.table.c.payload.type)
+
     def prepared_insert(self, *, headers: bool, delay: float = 0.0) -> Insert:
         """The enqueue ``INSERT``, its event's values as bound parameters.
 
@@ -257,7 +299,6 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         """
         t = self.table
         now = self.clock()
-        json_type = sa.UnicodeText() if self.json_as_text else t.c.payload.type
         # inline(): no implicit RETURNING id, which enqueue never reads.
         return (
             sa.insert(t)
@@ -266,8 +307,8 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
                 event_id=sa.bindparam("o_event_id", type_=t.c.event_id.type),
                 topic=sa.bindparam("o_topic", type_=t.c.topic.type),
                 key=sa.bindparam("o_key", type_=t.c.key.type),
-                payload=sa.bindparam("o_payload", type_=json_type),
-                headers=sa.bindparam("o_headers", type_=json_type) if headers else None,
+                payload=self.json_bind("o_payload"),
+                headers=self.json_bind("o_headers") if headers else sa.null(),
                 state=int(State.PENDING),
                 attempts=0,
                 available_at=self.after(delay) if delay else now,
@@ -306,6 +347,48 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
             params["o_headers"] = event.headers_json if as_text else event.headers
         params.update(self.clock_params())
         return stmt, params
+
+    def enqueue_many_calls(
+        self, events: Sequence[NewEvent], *, notify: bool, driver: sa.Dialect
+    ) -> Iterator[tuple[sa.Executable, Any]]:
+        """What ``enqueue_many`` executes: ``(statement, parameters)`` pairs, in order.
+
+        The first event goes alone, carrying the wake-up. The others go as
+        executemany of :meth:`enqueue`'s own prepared statement, one per run
+        of events of the same shape (with or without headers, the same
+        delay), so rows are written, and get their ids, in the order given.
+        SQLAlchemy's "insertmanyvalues" folds each executemany into multi-row
+        ``INSERT`` statements: on ``driver``\'s own where it does so without
+        ``RETURNING`` (SQL Server, whose ``OUTPUT`` a trigger would break),
+        else through ``RETURNING id`` where the server has it (PostgreSQL,
+        SQLite, MariaDB). MySQL has neither: there PyMySQL sends the rows one
+        by one.
+        """
+        if not events:
+            return
+        yield self.enqueue_call(events[0], notify=notify)
+        fold = driver.insert_executemany_returning and not driver.use_insertmanyvalues_wo_returning
+        run: list[dict[str, Any]] = []
+        shape: tuple[bool, float] | None = None
+        stmt: sa.Executable | None = None
+        for event in events[1:]:
+            this = (event.headers is not None, event.delay_seconds)
+            if this != shape and run:
+                assert stmt is not None
+                yield stmt, run
+                run = []
+            next_stmt, params = self.enqueue_call(event, notify=False)
+            if this != shape:
+                # RETURNING makes SQLAlchemy fold the executemany into
+                # multi-row INSERTs ("insertmanyvalues") on every driver.
+                assert isinstance(next_stmt, sa.Insert)
+                shape, stmt = this, next_stmt
+                if fold:
+                    stmt = next_stmt.returning(self.table.c.id)
+            run.append(params)
+        if run:
+            assert stmt is not None
+            yield stmt, run
 
     # -- wake-ups -------------------------------------------------------------
 
@@ -369,8 +452,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
             rows = conn.execute(stmt).all()
         return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
 
-    @staticmethod
-    def to_event(row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
+    def to_event(self, row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
         """Build an :class:`Event` from a row of :meth:`claim_columns`."""
         created: datetime = row[7]
         if created.tzinfo is None:
@@ -408,7 +490,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         return sa.and_(
             self.id_in(ids),
             t.c.lease_owner == token,
-            t.c.state.in_([int(s) for s in states]),
+            in_state(t.c.state, *states),
         )
 
     def mark_sent(self, conn: Connection, ids: Sequence[int], *, token: str, delete: bool) -> int:
@@ -469,7 +551,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         t = self.table
         stmt = (
             sa.update(t)
-            .where(self.owned(ids, token), t.c.state == int(State.LEASED))
+            .where(self.owned(ids, token), in_state(t.c.state, State.LEASED))
             .values(
                 state=int(State.PENDING),
                 available_at=self.now(),
@@ -494,7 +576,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         t = self.table
         stmt = (
             sa.update(t)
-            .where(self.id_in(ids), t.c.state.in_([int(s) for s in _ACTIVE]), t.c.attempts > 0)
+            .where(self.id_in(ids), in_state(t.c.state, *_ACTIVE), t.c.attempts > 0)
             .values(attempts=t.c.attempts - 1)
         )
         with self.transaction(conn):
@@ -510,7 +592,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         if not ids:
             return set()
         t = self.table
-        held = sa.and_(self.id_in(ids), t.c.lease_owner == token, t.c.state == int(State.LEASED))
+        held = sa.and_(self.id_in(ids), t.c.lease_owner == token, in_state(t.c.state, State.LEASED))
         with self.transaction(conn):
             renewed = conn.execute(
                 sa.update(t).where(held).values(lease_until=self.after(lease))
@@ -529,7 +611,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         waited for; at most ``batch`` rows per call. Returns the rows changed.
         """
         t = self.table
-        expired = sa.and_(t.c.state == int(State.LEASED), t.c.lease_until < self.now())
+        expired = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until < self.now())
         pick = self.lock_rows(sa.select(t.c.id).where(expired).order_by(t.c.id).limit(batch))
         with self.transaction(conn):
             ids = list(conn.execute(pick).scalars())
@@ -566,7 +648,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         call again until it returns less than ``batch``.
         """
         t = self.table
-        old_sent = sa.and_(t.c.state == int(State.SENT), t.c.sent_at < self.after(-older_than))
+        old_sent = sa.and_(in_state(t.c.state, State.SENT), t.c.sent_at < self.after(-older_than))
         # Select the ids first, then delete by id: MySQL rejects LIMIT in an
         # IN subquery and SQL Server escalates big deletes to a table lock.
         # Rows another session holds are skipped, not waited for (a frozen
@@ -576,7 +658,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
             ids = list(conn.execute(pick).scalars())
             if not ids:
                 return 0
-            stmt = sa.delete(t).where(self.id_in(ids), t.c.state == int(State.SENT))
+            stmt = sa.delete(t).where(self.id_in(ids), in_state(t.c.state, State.SENT))
             return conn.execute(stmt).rowcount
 
     def replay(
@@ -589,7 +671,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
     ) -> int:
         """Move dead events back to pending (attempts reset); all when no filter is given."""
         t = self.table
-        where: list[sa.ColumnElement[bool]] = [t.c.state == int(State.DEAD)]
+        where: list[sa.ColumnElement[bool]] = [in_state(t.c.state, State.DEAD)]
         if ids is not None:
             where.append(self.id_in(ids))
         if topic is not None:

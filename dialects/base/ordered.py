@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base.values import MAX_KEYS_PER_CLAIM, MAX_WALKS, NO_END
 from outbox_core.message import Event, State
+from outbox_core.schema import in_state
 
 
 class OrderedClaims:
@@ -45,7 +46,7 @@ class OrderedClaims:
 
     def claimable(self, o: sa.FromClause) -> list[sa.ColumnElement[bool]]:
         """WHERE terms of a claim: pending and due."""
-        return [o.c.state == int(State.PENDING), o.c.available_at <= self.now()]
+        return [in_state(o.c.state, State.PENDING), o.c.available_at <= self.now()]
 
     def head_of_key(self, o: sa.FromClause) -> sa.ColumnElement[bool]:
         """Ordered mode: the row has no key, or no earlier unsent row of its key.
@@ -58,7 +59,7 @@ class OrderedClaims:
         # One EXISTS per state: each is a single range of (state, key, id); with
         # state IN (...) MariaDB uses only the index's first column.
         earlier = [
-            sa.exists().where(p.c.state == int(s), p.c.key == o.c.key, p.c.id < o.c.id)
+            sa.exists().where(in_state(p.c.state, s), p.c.key == o.c.key, p.c.id < o.c.id)
             for s in blocking
         ]
         return sa.or_(o.c.key.is_(None), ~sa.or_(*earlier))
@@ -82,7 +83,7 @@ class OrderedClaims:
         q = self.table.alias("q")
         return (
             sa.select(q.c.id)
-            .where(q.c.state == int(State.PENDING), q.c.key == key)
+            .where(in_state(q.c.state, State.PENDING), q.c.key == key)
             .order_by(q.c.id)
             .offset(run_length - 1)
             .limit(1)
@@ -111,7 +112,7 @@ class OrderedClaims:
             # run it as a loose index scan ("Using index for group-by").
             g = (
                 sa.select(p.c.key, sa.func.min(p.c.id).label("head"))
-                .where(p.c.state == int(State.PENDING), after_term)
+                .where(in_state(p.c.state, State.PENDING), after_term)
                 .group_by(p.c.state, p.c.key)
                 .order_by(p.c.state, p.c.key)
                 .limit(count)
@@ -121,7 +122,7 @@ class OrderedClaims:
             return sa.select(g.c.key, g.c.head, end.label("run_end"))
 
         def next_key(prev: sa.ColumnElement[Any] | None) -> sa.ScalarSelect[Any]:
-            q = sa.select(p.c.key).where(p.c.state == int(State.PENDING))
+            q = sa.select(p.c.key).where(in_state(p.c.state, State.PENDING))
             q = q.where(p.c.key.is_not(None) if prev is None else p.c.key > prev)
             return q.order_by(p.c.key).limit(1).scalar_subquery()
 
@@ -152,7 +153,7 @@ class OrderedClaims:
         r = self.table.alias("r")
         end = sa.func.coalesce(keys.c.run_end, sa.literal(NO_END, sa.BigInteger()))
         on = sa.and_(
-            r.c.state == int(State.PENDING),
+            in_state(r.c.state, State.PENDING),
             r.c.key == keys.c.key,
             r.c.id >= keys.c.head,
             r.c.id <= end,
@@ -175,7 +176,9 @@ class OrderedClaims:
         blocking = [State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
         blocked = sa.or_(
             *(
-                sa.exists().where(b.c.state == int(s), b.c.key == keys.c.key, b.c.id < keys.c.head)
+                sa.exists().where(
+                    in_state(b.c.state, s), b.c.key == keys.c.key, b.c.id < keys.c.head
+                )
                 for s in blocking
             ),
             sa.exists().where(b.c.id == keys.c.head, b.c.available_at > self.clock()),
@@ -313,11 +316,11 @@ class OrderedClaims:
         # One EXISTS per state, as in head_of_key: a single index range each.
         earlier_blocked = sa.or_(
             *(
-                sa.exists().where(p.c.state == int(s), p.c.key == t.c.key, p.c.id < t.c.id)
+                sa.exists().where(in_state(p.c.state, s), p.c.key == t.c.key, p.c.id < t.c.id)
                 for s in blocked
             ),
             sa.exists().where(
-                p.c.state == int(State.PENDING),
+                in_state(p.c.state, State.PENDING),
                 p.c.key == t.c.key,
                 p.c.id < t.c.id,
                 p.c.available_at > self.now(),
@@ -345,7 +348,7 @@ class OrderedClaims:
                 return []
             conn.execute(
                 sa.update(t)
-                .where(self.id_in(sorted(valid)), t.c.state == int(State.PENDING))
+                .where(self.id_in(sorted(valid)), in_state(t.c.state, State.PENDING))
                 .values(self.lease_values(lease=lease, token=token))
             )
         # The rows were read before the UPDATE counted this attempt.
@@ -366,13 +369,18 @@ class OrderedClaims:
         if self.block_on_dead:
             unsent.append(int(State.DEAD))
         # One bound for all keys keeps the read a plain range scan everywhere
-        # (an OR of per-key ranges makes MariaDB scan the table).
+        # (an OR of per-key ranges makes MariaDB scan the table); one SELECT
+        # per state, each a range of that state's own index (a partial index
+        # serves only its own state; state IN (...) would fall back to a scan).
         top = max(int(r[0]) for r in rows)
-        order = conn.execute(
-            sa.select(t.c.id, t.c.key)
-            .where(t.c.key.in_(keys), t.c.state.in_(unsent), t.c.id <= top)
-            .order_by(t.c.id)
-        ).all()
+        per_state = [
+            sa.select(t.c.id, t.c.key).where(
+                t.c.key.in_(keys), in_state(t.c.state, s), t.c.id <= top
+            )
+            for s in unsent
+        ]
+        both = sa.union_all(*per_state).subquery()
+        order = conn.execute(sa.select(both.c.id, both.c.key).order_by(both.c.id)).all()
         ours = {int(r[0]) for r in rows}
         broken: set[str] = set()
         for row_id, key in order:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base.values import Activity, Backlog, LiveLeases
 from outbox_core.message import State
+from outbox_core.schema import in_state
 
 
 class TableReads:
@@ -38,13 +39,13 @@ class TableReads:
         row = conn.execute(
             sa.select(
                 sa.select(sa.func.min(t.c.created_at))
-                .where(t.c.state == int(State.PENDING))
+                .where(in_state(t.c.state, State.PENDING))
                 .scalar_subquery(),
                 self.now(),
                 sa.select(sa.func.count()).where(t.c.created_at >= minute_ago).scalar_subquery(),
                 sa.select(sa.func.count()).where(t.c.sent_at >= minute_ago).scalar_subquery(),
                 sa.select(sa.func.max(t.c.sent_at))
-                .where(t.c.state == int(State.SENT))
+                .where(in_state(t.c.state, State.SENT))
                 .scalar_subquery(),
             )
         ).one()
@@ -54,7 +55,7 @@ class TableReads:
         """Pending and due events, the oldest due, expired leases (``outbox doctor``)."""
         t = self.table
         now = self.now()
-        pending = t.c.state == int(State.PENDING)
+        pending = in_state(t.c.state, State.PENDING)
         due = sa.and_(pending, t.c.available_at <= now)
         row = conn.execute(
             sa.select(
@@ -63,7 +64,7 @@ class TableReads:
                 sa.select(sa.func.min(t.c.available_at)).where(due).scalar_subquery(),
                 sa.select(sa.func.count())
                 .select_from(t)
-                .where(t.c.state == int(State.LEASED), t.c.lease_until < now)
+                .where(in_state(t.c.state, State.LEASED), t.c.lease_until < now)
                 .scalar_subquery(),
                 now,
             )
@@ -75,7 +76,7 @@ class TableReads:
         t = self.table
         per_topic = (
             sa.select(t.c.topic, sa.func.count().label("n"), sa.func.max(t.c.id).label("last"))
-            .where(t.c.state == int(State.DEAD))
+            .where(in_state(t.c.state, State.DEAD))
             .group_by(t.c.topic)
             .subquery()
         )
@@ -89,7 +90,7 @@ class TableReads:
     def count_in_states(self, conn: Connection, states: Sequence[int]) -> int:
         """Rows in any of ``states``."""
         t = self.table
-        query = sa.select(sa.func.count()).select_from(t).where(t.c.state.in_(list(states)))
+        query = sa.select(sa.func.count()).select_from(t).where(in_state(t.c.state, *states))
         return int(conn.execute(query).scalar_one())
 
     def page(
@@ -103,7 +104,7 @@ class TableReads:
     ) -> list[Sequence[Any]]:
         """The next ``limit`` rows in ``states`` after ``after_id``, in id order (migrate)."""
         t = self.table
-        query = sa.select(*columns).where(t.c.state.in_(list(states)))
+        query = sa.select(*columns).where(in_state(t.c.state, *states))
         if after_id is not None:
             query = query.where(t.c.id > after_id)
         return list(conn.execute(query.order_by(t.c.id).limit(limit)).all())
@@ -119,7 +120,7 @@ class TableReads:
     def live_leases(self, conn: Connection, *, owners: int = 20) -> LiveLeases:
         """Leases not yet expired: how many, until when, and some of their tokens."""
         t = self.table
-        live = sa.and_(t.c.state == int(State.LEASED), t.c.lease_until > self.now())
+        live = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until > self.now())
         count, until = conn.execute(
             sa.select(sa.func.count(), sa.func.max(t.c.lease_until)).where(live)
         ).one()

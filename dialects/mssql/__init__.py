@@ -34,6 +34,7 @@ class MssqlDialect(ReturningDialect):
     """SQL Server strategy: ``READPAST`` CTE updated in place with ``OUTPUT``."""
 
     name: ClassVar[str] = "mssql"
+    analyze_sql: ClassVar[str] = "UPDATE STATISTICS {table}"
     family: ClassVar[str] = "SQL Server"
     locking: ClassVar[str] = "claims skip each other's rows with READPAST"
     upgrade_hint: ClassVar[str | None] = "upgrade to SQL Server 2016 (13.0) or newer"

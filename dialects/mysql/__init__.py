@@ -46,6 +46,7 @@ class MysqlDialect(Dialect):
     """MySQL / MariaDB strategy: ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE``."""
 
     name: ClassVar[str] = "mysql"
+    analyze_sql: ClassVar[str] = "ANALYZE TABLE {table}"
     family: ClassVar[str] = "MySQL/MariaDB"
     test_default_url: ClassVar[str | None] = "mysql+pymysql://root@127.0.0.1:3306/test"
     test_required_in_ci: ClassVar[bool] = True
@@ -55,6 +56,8 @@ class MysqlDialect(Dialect):
     )
     isolation_level: ClassVar[str] = "READ COMMITTED"
     group_key_scan: ClassVar[bool] = True
+    #: No partial indexes: the work indexes lead with state instead (schema._add_work_indexes).
+    partial_indexes: ClassVar[bool] = False
     #: Set by :meth:`initialize` on MySQL, whose ``wait_timeout`` also ends a
     #: relay's idle (not only idle-in-transaction) sessions.
     ends_idle_sessions: bool = False

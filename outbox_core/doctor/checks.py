@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from sqlalchemy.schema import AddConstraint, CreateIndex
+from sqlalchemy.schema import AddConstraint, CreateIndex, DropIndex
 
 from outbox_core.config import mask_url
 from outbox_core.doctor.model import (
@@ -28,6 +28,7 @@ from outbox_core.doctor.model import (
     format_age,
 )
 from outbox_core.errors import OutboxError, UnsupportedDatabase
+from outbox_core.schema import detached_index, obsolete_indexes
 
 if TYPE_CHECKING:
     from outbox_core.outbox import Outbox
@@ -179,16 +180,25 @@ def _inbox_primary_key(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[
     )
 
 
-#: Why each index of schema.py matters, by its leading columns.
+#: Why each index of schema.py matters, by its name's ending.
 _INDEX_PURPOSE = {
-    ("state", "id"): "claims read pending rows in id order through it",
-    ("state", "key", "id"): "ordered claims: the walk over keys with pending rows and the "
+    "_state_id": "claims read pending rows in id order through it",
+    "_state_key_id": "ordered claims: the walk over keys with pending rows and the "
     "head-of-key check",
-    ("state", "lease_until"): "returning expired leases",
-    ("event_id",): "event ids must stay unique",
-    ("id",): "a partial index of pending rows keeps the claim's scan small",
-    ("processed_at",): "inbox cleanup by age",
+    "_event_id": "event ids must stay unique",
+    "_pending": "claims read pending rows in id order through it (sent rows are not in it)",
+    "_pending_key": "ordered claims: the walk over keys with pending rows and each key's run",
+    "_leased": "the head-of-key check and the reaper read leased rows through it",
+    "_dead": "the head-of-key check, replay and status read dead rows through it",
+    "_processed_at": "inbox cleanup by age",
 }
+
+
+def _purpose(name: str) -> str:
+    for ending, purpose in sorted(_INDEX_PURPOSE.items(), key=lambda kv: -len(kv[0])):
+        if name.endswith(ending):
+            return purpose
+    return "part of the outbox schema"
 
 
 def expected_indexes(outbox: Outbox, dialect: sa.Dialect) -> dict[str, str]:
@@ -214,34 +224,59 @@ def expected_indexes(outbox: Outbox, dialect: sa.Dialect) -> dict[str, str]:
 def _check_indexes(ctx: DoctorContext) -> Iterable[Finding]:
     inspector = sa.inspect(ctx.conn)
     wanted = expected_indexes(ctx.outbox, ctx.conn.dialect)
-    missing = 0
+    problems = 0
     for key, table in ctx.tables():
         if key not in ctx.present:
             continue
+        reflected = inspector.get_indexes(table.name, schema=table.schema)
+        names = {str(ix["name"]) for ix in reflected}
         found = [
             (
                 tuple(str(c).lower() for c in ix.get("column_names") or [] if c is not None),
                 bool(ix.get("unique")),
             )
-            for ix in inspector.get_indexes(table.name, schema=table.schema)
+            for ix in reflected
         ]
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if str(index.name) not in wanted:
-                continue  # not created on this database
+            name = str(index.name)
+            if name not in wanted or name in names:
+                continue  # not created on this database, or present
             columns = tuple(c.name.lower() for c in index.columns)
-            if any(cols == columns and (unique or not index.unique) for cols, unique in found):
+            # A full index of your own on the same columns serves as well; a
+            # partial one is matched by name only (its predicate is the point).
+            partial = "WHERE" in wanted[name]
+            if not partial and any(
+                cols == columns and (unique or not index.unique) for cols, unique in found
+            ):
                 continue
-            missing += 1
-            purpose = _INDEX_PURPOSE.get(columns, "part of the outbox schema")
+            problems += 1
             yield Finding(
                 "index",
                 Severity.ERROR if key == "outbox" else Severity.WARNING,
-                f"missing {'unique ' if index.unique else ''}index {index.name} on "
-                f"{table.fullname} ({', '.join(columns)}): {purpose}",
-                fix=wanted[str(index.name)],
-                details={"table": table.fullname, "index": index.name, "columns": list(columns)},
+                f"missing {'unique ' if index.unique else ''}index {name} on "
+                f"{table.fullname} ({', '.join(columns)}): {_purpose(name)}; "
+                "`outbox install` creates it",
+                fix=wanted[name],
+                details={"table": table.fullname, "index": name, "columns": list(columns)},
             )
-    if ctx.present and not missing:
+        if key == "outbox":
+            dialect = ctx.outbox.dialect
+            for name in obsolete_indexes(table, dialect.partial_indexes):
+                if name not in names:
+                    continue
+                problems += 1
+                index = detached_index(table, name)
+                drop = str(DropIndex(index).compile(dialect=ctx.conn.dialect))
+                yield Finding(
+                    "index",
+                    Severity.WARNING,
+                    f"obsolete index {name} on {table.fullname}: this version does not read "
+                    "it, yet every claim and every settle writes it; `outbox install` drops "
+                    "it once its replacements exist",
+                    fix=drop.strip() + ";",
+                    details={"table": table.fullname, "index": name, "obsolete": True},
+                )
+    if ctx.present and not problems:
         yield Finding("index", Severity.OK, f"all {len(wanted)} expected indexes are present")
 
 

@@ -254,6 +254,11 @@ class _Copy:
                 self.report.batches += 1
                 if progress is not None:
                     progress(done, max(done, self.report.total))
+            if self.report.copied:
+                # Relays on the target start at once: plan their claims on
+                # what was just copied, not on the empty table's statistics.
+                with self.target.dialect.transaction(tconn):
+                    self.target.dialect.analyze(tconn)
 
     def _check_fit(self, events: Sequence[SourceEvent]) -> None:
         for event in events:

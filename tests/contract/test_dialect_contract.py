@@ -30,6 +30,7 @@ from outbox_core import (
 )
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import Event, Failure
+from outbox_core.schema import detached_index, obsolete_indexes
 from tests.conftest import async_url
 from tests.support import set_lock_timeout
 
@@ -112,6 +113,53 @@ def test_enqueue_with_a_session(outbox: Outbox) -> None:
     [row] = rows(outbox)
     assert row.payload == {"b": 2}
     assert str(row.event_id) != event_id
+
+
+def test_enqueue_many_keeps_the_given_order_and_commits_with_the_caller(outbox: Outbox) -> None:
+    events = [
+        {"topic": "order.line", "payload": {"n": i, "name": f"caf\u00e9 {i}"}, "key": f"k{i % 3}"}
+        for i in range(2500)  # more than one multi-row INSERT
+    ]
+    events[7]["headers"] = {"tenant": "acme"}
+    events[8]["key"] = None
+    with pytest.raises(RuntimeError), outbox.engine.begin() as conn:
+        outbox.enqueue_many(conn, events)
+        raise RuntimeError("business rule failed")
+    assert rows(outbox) == []
+    with outbox.engine.begin() as conn:
+        ids = outbox.enqueue_many(conn, events)
+        assert outbox.enqueue_many(conn, []) == []
+    assert len(set(ids)) == 2500
+    stored = sorted(rows(outbox), key=lambda r: r.id)
+    assert [str(r.event_id) for r in stored] == ids  # ids follow the order given
+    assert [r.payload for r in stored] == [e["payload"] for e in events]
+    assert stored[7].headers == {"tenant": "acme"} and stored[8].key is None
+    assert stored[0].headers is None  # SQL NULL, not JSON null
+    with connection(outbox) as conn:
+        claimed = outbox.dialect.claim(conn, limit=10, lease=30, token="r", ordered=True)
+    assert [e.payload["n"] for e in claimed] == [0, 1, 2, 8]  # each key's head, and the keyless
+
+
+def test_enqueue_many_checks_every_event_before_writing_any(outbox: Outbox) -> None:
+    good = {"topic": "t", "payload": {"ok": 1}}
+    with outbox.engine.begin() as conn:
+        with pytest.raises(PayloadError, match=r"events\[2\]: payload\['when'\]"):
+            outbox.enqueue_many(conn, [good, good, {"topic": "t", "payload": {"when": object()}}])
+        with pytest.raises(EventError, match=r"events\[1\]: unknown colour; missing payload"):
+            outbox.enqueue_many(conn, [good, {"topic": "t", "colour": "red"}])
+        with pytest.raises(EventError, match=r"events\[0\]: each event is a mapping"):
+            outbox.enqueue_many(conn, [("t", {})])  # type: ignore[list-item]
+    assert rows(outbox) == []
+
+
+def test_enqueue_many_delay_and_wake_up(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        outbox.enqueue_many(
+            conn, [{"topic": "t", "payload": 1, "delay": 3600}, {"topic": "t", "payload": 2}]
+        )
+    with connection(outbox) as conn:
+        claimed = outbox.dialect.claim(conn, limit=10, lease=30, token="r", ordered=False)
+    assert [e.payload for e in claimed] == [2]  # the delayed one is not due yet
 
 
 def test_enqueue_async(backend: str, outbox: Outbox, db_url: str) -> None:
@@ -597,13 +645,43 @@ def test_ordered_claim_walks_past_keys_that_are_all_blocked(outbox: Outbox) -> N
         assert [e.event_id for e in claim(outbox, conn, "c", ordered=True, limit=1)] == [free]
 
 
+def _claim_index(outbox: Outbox) -> str:
+    """The index ordered claims walk: partial where the database has partial indexes."""
+    t = outbox.table.name
+    return f"ix_{t}_pending_key" if outbox.dialect.partial_indexes else f"ix_{t}_state_key_id"
+
+
+def _index_names(outbox: Outbox) -> set[str]:
+    return {ix["name"] for ix in sa.inspect(outbox.engine).get_indexes(outbox.table.name)}
+
+
 def test_install_adds_an_index_missing_from_an_older_table(outbox: Outbox) -> None:
-    name = f"ix_{outbox.table.name}_state_key_id"
+    name = _claim_index(outbox)
     with outbox.engine.begin() as conn:
-        sa.Index(name, outbox.table.c.state).drop(conn)
+        detached_index(outbox.table, name).drop(conn)
     outbox.install()
-    indexes = {ix["name"] for ix in sa.inspect(outbox.engine).get_indexes(outbox.table.name)}
-    assert name in indexes
+    assert name in _index_names(outbox)
+
+
+def test_install_upgrades_a_table_with_the_old_index_set(outbox: Outbox) -> None:
+    """The indexes of earlier versions (every state change wrote them) go; the new ones stay."""
+    t = outbox.table
+    old = obsolete_indexes(t, outbox.dialect.partial_indexes)
+    columns = {"state_lease": ["state", "lease_until"], "state_id": ["state", "id"]}
+    columns["state_key_id"] = ["state", "key", "id"]
+    with outbox.engine.begin() as conn:
+        for name in old:
+            suffix = name.removeprefix(f"ix_{t.name}_")
+            copy = sa.Table(t.name, sa.MetaData(), *(sa.Column(c) for c in columns[suffix]))
+            if name not in _index_names(outbox):
+                sa.Index(name, *copy.c).create(conn)
+    assert set(old) <= _index_names(outbox)
+    outbox.install()
+    present = _index_names(outbox)
+    assert not set(old) & present
+    assert _claim_index(outbox) in present
+    outbox.install()  # idempotent
+    assert _index_names(outbox) == present
 
 
 # -- wake-ups -----------------------------------------------------------------------------

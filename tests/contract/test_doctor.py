@@ -67,26 +67,51 @@ def test_a_missing_index_is_an_error_with_its_create_index(
     backend: str, outbox: Outbox, db_url: str
 ) -> None:
     table = outbox.table.name
-    index = next(i for i in outbox.table.indexes if i.name == f"ix_{table}_state_id")
+    partial = outbox.dialect.partial_indexes
+    name, columns = (
+        (f"ix_{table}_pending", "(id)") if partial else (f"ix_{table}_state_id", "(state, id)")
+    )
+    index = next(i for i in outbox.table.indexes if i.name == name)
     with outbox.engine.begin() as conn:
         index.drop(conn)
     result = doctor("--db", db_url, "--table", table)
     assert result.exit_code == 1, result.output
-    assert f"ERROR    index              missing index ix_{table}_state_id" in result.output
+    assert f"ERROR    index              missing index {name}" in result.output
     code, report = doctor_json("--db", db_url, "--table", table)
     assert code == 1 and report["healthy"] is False
     [finding] = [f for f in by_check(report, "index") if f["severity"] != "ok"]
     assert finding["severity"] == "error"
-    assert finding["message"].startswith(
-        f"missing index ix_{table}_state_id on {table} (state, id)"
-    )
+    assert finding["message"].startswith(f"missing index {name} on {table} {columns}")
+    assert "`outbox install` creates it" in finding["message"]
     fix = finding["fix"]
-    assert fix.startswith(f"CREATE INDEX ix_{table}_state_id ON ") and fix.endswith(";")
-    assert "(state, id)" in fix
+    assert fix.startswith(f"CREATE INDEX {name} ON ") and fix.endswith(";")
+    assert columns in fix and (("WHERE state = 0" in fix) is partial)
     # The fix is exact: run it and the doctor is satisfied.
     with outbox.engine.begin() as conn:
         conn.exec_driver_sql(fix.rstrip(";"))
     assert doctor("--db", db_url, "--table", table).exit_code == 0
+
+
+def test_an_obsolete_index_is_a_warning_with_its_drop_index(
+    backend: str, outbox: Outbox, db_url: str
+) -> None:
+    """A table from an earlier version: the doctor names the index to drop and how."""
+    table = outbox.table.name
+    name = f"ix_{table}_state_lease"
+    copy = sa.Table(table, sa.MetaData(), sa.Column("state"), sa.Column("lease_until"))
+    with outbox.engine.begin() as conn:
+        sa.Index(name, copy.c.state, copy.c.lease_until).create(conn)
+    _, report = doctor_json("--db", db_url, "--table", table)
+    [finding] = [f for f in by_check(report, "index") if f["severity"] != "ok"]
+    assert finding["severity"] == "warning"
+    assert finding["message"].startswith(f"obsolete index {name} on {table}")
+    assert "`outbox install` drops it" in finding["message"]
+    fix = finding["fix"]
+    assert fix.startswith(f"DROP INDEX {name}") and fix.endswith(";")
+    with outbox.engine.begin() as conn:
+        conn.exec_driver_sql(fix.rstrip(";"))
+    _, report = doctor_json("--db", db_url, "--table", table)
+    assert [f["severity"] for f in by_check(report, "index")] == ["ok"]
 
 
 def test_a_missing_inbox_index_is_a_warning(backend: str, outbox: Outbox, db_url: str) -> None:
@@ -292,12 +317,16 @@ def test_expected_indexes_are_those_install_creates(url: str, partial: bool) -> 
     outbox = Outbox(url, table="events")
     dialect = sa.create_mock_engine(sa.engine.make_url(url), lambda *a, **k: None).dialect
     ddl = expected_indexes(outbox, dialect)
-    assert ddl["ix_events_state_id"] == "CREATE INDEX ix_events_state_id ON events (state, id);"
+    assert ("ix_events_state_id" in ddl) is not partial
+    if not partial:
+        assert ddl["ix_events_state_id"] == "CREATE INDEX ix_events_state_id ON events (state, id);"
     assert ddl["ux_events_event_id"].startswith("CREATE UNIQUE INDEX ux_events_event_id ON events")
     assert "ix_events_inbox_processed_at" in ddl
     assert ("ix_events_pending" in ddl) is partial  # partial indexes where the database has them
     if partial:
         assert ddl["ix_events_pending"].endswith("WHERE state = 0;")
+        assert ddl["ix_events_leased"].endswith("WHERE state = 1;")
+        assert ddl["ix_events_dead"].endswith("WHERE state = 3;")
 
 
 def test_an_inbox_without_its_primary_key_is_an_error(

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql, sqlite
 
+from outbox_core import Outbox
 from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.schema import OutboxTables
 
@@ -155,3 +156,18 @@ def test_the_ordered_index_leads_with_state_then_key() -> None:
     t = OutboxTables.create().outbox
     columns = {str(ix.name): [c.name for c in ix.columns] for ix in t.indexes}
     assert columns["ix_outbox_state_key_id"] == ["state", "key", "id"]
+
+
+def test_sql_server_enqueue_many_folds_rows_without_output() -> None:
+    """SQL Server: insertmanyvalues batches without OUTPUT (which a user's trigger would break)."""
+    from outbox_core.message import build_new_event
+
+    outbox = Outbox("mssql+pyodbc://app:pw@db/app?driver=ODBC+Driver+18+for+SQL+Server")
+    driver = sa.create_mock_engine(outbox.url, lambda *a, **k: None).dialect
+    events = [build_new_event("t", {"n": i}, key="k") for i in range(5)]
+    calls = list(outbox.dialect.enqueue_many_calls(events, notify=True, driver=driver))
+    assert len(calls) == 2  # the first event alone, then one executemany of the other four
+    stmt, params = calls[1]
+    assert isinstance(params, list) and len(params) == 4
+    sql = str(stmt.compile(dialect=driver))
+    assert "OUTPUT" not in sql and sql.startswith("INSERT INTO outbox")

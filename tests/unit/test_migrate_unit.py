@@ -402,8 +402,12 @@ def test_create_all_on_sqlite_matches_the_table_definitions(tmp_path: Path) -> N
         pk = inspector.get_pk_constraint(table.name)["constrained_columns"]
         assert pk == [c.name for c in table.primary_key.columns]
         indexes = {i["name"]: i for i in inspector.get_indexes(table.name)}
-        assert set(indexes) == {i.name for i in table.indexes}
-        for index in table.indexes:
+        # SQLite has partial indexes: the full (state, ...) ones are MySQL's.
+        on_sqlite = {
+            i for i in table.indexes if not str(i.name).startswith(f"ix_{table.name}_state")
+        }
+        assert set(indexes) == {i.name for i in on_sqlite}
+        for index in on_sqlite:
             got_index = indexes[index.name]
             assert got_index["column_names"] == [c.name for c in index.columns]
             assert bool(got_index["unique"]) == index.unique

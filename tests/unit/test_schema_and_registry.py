@@ -29,13 +29,27 @@ def test_ddl_per_dialect(dialect: str, expected: list[str]) -> None:
     ddl = OutboxTables.create().ddl(dialect)
     for fragment in expected:
         assert fragment in ddl
-    assert "CREATE INDEX ix_outbox_state_id ON outbox (state, id)" in ddl
     assert "CREATE UNIQUE INDEX ux_outbox_event_id" in ddl
     assert "CREATE TABLE outbox_inbox" in ddl
+    assert "lease_until)" not in ddl  # no index on leases: the reaper reads the few leased rows
 
 
-def test_mysql_has_no_redundant_pending_index() -> None:
-    assert "ix_outbox_pending" not in OutboxTables.create().ddl("mysql")
+@pytest.mark.parametrize("dialect", ["postgresql", "mssql", "sqlite"])
+def test_partial_indexes_keep_sent_rows_out_of_every_work_index(dialect: str) -> None:
+    ddl = OutboxTables.create().ddl(dialect)
+    quoted = {"postgresql": "key", "mssql": "[key]", "sqlite": '"key"'}[dialect]
+    assert "CREATE INDEX ix_outbox_pending ON outbox (id) WHERE state = 0" in ddl
+    assert f"CREATE INDEX ix_outbox_pending_key ON outbox ({quoted}, id) WHERE state = 0" in ddl
+    assert f"CREATE INDEX ix_outbox_leased ON outbox ({quoted}, id) WHERE state = 1" in ddl
+    assert f"CREATE INDEX ix_outbox_dead ON outbox ({quoted}, id) WHERE state = 3" in ddl
+    assert "(state, id)" not in ddl and "(state, key, id)" not in ddl
+
+
+def test_mysql_work_indexes_lead_with_state_and_no_partial_ones() -> None:
+    ddl = OutboxTables.create().ddl("mysql")
+    assert "CREATE INDEX ix_outbox_state_id ON outbox (state, id)" in ddl
+    assert "CREATE INDEX ix_outbox_state_key_id ON outbox (state, `key`, id)" in ddl
+    assert "ix_outbox_pending" not in ddl and "WHERE" not in ddl
 
 
 @pytest.mark.parametrize("name", ["x; drop table y", "1abc", "a-b", "", "a" * 49, "outbox\n"])
