@@ -7,6 +7,20 @@ Server, so the lock hints are given with ``with_hint``. UPDLOCK stays with
 READPAST under READ_COMMITTED_SNAPSHOT too: without it two relays could read
 the same committed version and both lease it. Batches stay far below the
 5,000 locks at which SQL Server escalates to a table lock.
+
+Schema (the same decisions as PostgreSQL's, ``schema._add_work_indexes``):
+
+* Filtered indexes hold only rows still to deliver: ``ix_<t>_pending (id)``
+  and ``ix_<t>_pending_key (key, id) WHERE state = 0``, ``ix_<t>_leased``
+  and ``ix_<t>_dead (key, id) WHERE state = 1`` / ``= 3``. Sent rows, the
+  history, are in the clustered primary key and ``event_id`` only, so
+  marking an event sent writes no work index.
+* Every claim compares ``state`` with a literal (``schema.in_state``): the
+  optimizer matches a filtered index only against constants, never a
+  parameter (``state = @P1`` cannot use ``WHERE state = 0``).
+* ``enqueue_many`` relies on SQLAlchemy folding its executemany into
+  multi-row ``INSERT`` statements without ``OUTPUT``, which would fail once
+  a user adds a trigger to the table.
 """
 
 from __future__ import annotations

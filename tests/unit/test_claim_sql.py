@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql, sqlite
 
 from outbox_core import Outbox
-from outbox_core.dialects.base import Dialect, get_dialect
+from outbox_core.dialects.base import Dialect, ReturningDialect, get_dialect
 from outbox_core.schema import OutboxTables
 
 
@@ -171,3 +171,15 @@ def test_sql_server_enqueue_many_folds_rows_without_output() -> None:
     assert isinstance(params, list) and len(params) == 4
     sql = str(stmt.compile(dialect=driver))
     assert "OUTPUT" not in sql and sql.startswith("INSERT INTO outbox")
+
+
+@pytest.mark.parametrize("name", ["mssql", "postgresql", "sqlite"])
+def test_claims_compare_state_with_literals_so_filtered_indexes_match(name: str) -> None:
+    """A filtered (partial) index serves `state = 0` only when 0 is in the SQL, not a parameter."""
+    driver = {"mssql": mssql, "postgresql": postgresql, "sqlite": sqlite}[name].dialect()
+    d = make(name)
+    assert isinstance(d, ReturningDialect)
+    sql = compiled(d.claim_statement(limit=10, lease=30, token="t", ordered=True), driver)
+    assert re.search(r"\.state = 0\b", sql), sql
+    assert re.search(r"\.state = 1\b", sql), sql  # the head-of-key check, through ix_leased
+    assert "state = :" not in sql and "state = ?" not in sql and "state = %(" not in sql
