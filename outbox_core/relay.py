@@ -38,6 +38,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -357,6 +358,10 @@ class Relay:
             )
             claim.events = kept
 
+    def _stale(self, claim: _Claim) -> bool:
+        """The batch's lease is past the point where it is renewed before publishing."""
+        return time.monotonic() - claim.renewed_at > self.settings.lease * REVALIDATE_AFTER
+
     def _revalidate(self, claim: _Claim) -> _Claim:
         """Just before publishing: a batch whose lease is past half is renewed first.
 
@@ -364,7 +369,7 @@ class Relay:
         reached, nothing is published (the leases run out and other relays
         take the events).
         """
-        if time.monotonic() - claim.renewed_at <= self.settings.lease * REVALIDATE_AFTER:
+        if not self._stale(claim):
             return claim
         try:
             self._renew(claim, drop_lost=True)
@@ -712,8 +717,8 @@ class Relay:
         maintenance.start()
         try:
             with (
-                ThreadPoolExecutor(1, thread_name_prefix="outbox-db") as db,
-                ThreadPoolExecutor(1, thread_name_prefix="outbox-settle") as settler,
+                ThreadPoolExecutor(self.claim_depth, thread_name_prefix="outbox-db") as db,
+                ThreadPoolExecutor(self.claim_depth, thread_name_prefix="outbox-settle") as settler,
             ):
                 self._pipeline(db, settler)
         finally:
@@ -726,52 +731,66 @@ class Relay:
             self.close()
             log.info("relay %s stopped", self.name)
 
+    @property
+    def claim_depth(self) -> int:
+        """Claims (and settles) ``run()`` keeps in flight while a batch is published.
+
+        Two in unordered mode on databases with row locks: each on its own
+        connection, one claim's round trip overlaps the other's row
+        decoding, which alone keeps the database waiting on Python between
+        claims; likewise two settles (``bench/drain.py``, py-spy: the loop
+        waited on the one settle connection 60% of the time). One in
+        ordered mode, whose next claim must see the heads the last settle
+        freed, and on SQLite, whose claims take turns anyway.
+        """
+        return 2 if self.dialect.row_locks and not self.settings.ordered else 1
+
     def _pipeline(self, db: ThreadPoolExecutor, settler: ThreadPoolExecutor) -> None:
         """The loop of ``run()``: claims run on ``db``, settles on ``settler``.
 
-        After a full batch the next claim is submitted before publishing, so
-        claiming batch N+1 and settling batch N-1 overlap with publishing
-        batch N, each on its own connection. At most one settle waits behind
-        the running one; in ordered mode a claim first waits for the last
-        settle, so it sees the heads that settle freed. While the broker is
-        down nothing is claimed (a prefetched batch is given back) and the
-        broker is probed with backoff.
+        After a full batch the next claims (up to :attr:`claim_depth`) are
+        submitted before publishing, so claiming batches N+1 (and N+2) and
+        settling batch N-1 overlap with publishing batch N, each on its own
+        connection. At most one settle waits behind the running one; in
+        ordered mode a claim first waits for the last settle, so it sees the
+        heads that settle freed. While the broker is down nothing is claimed
+        (prefetched batches are given back) and the broker is probed with
+        backoff.
         """
         idle = self.settings.poll_interval
         error_backoff = 0.5
-        prefetched: Future[_Claim] | None = None
+        prefetched: deque[Future[_Claim]] = deque()
         settling: Future[None] | None = None
 
         def settled() -> None:
             if settling is not None:
                 settling.result()  # _settle_quietly never raises
 
+        def give_back() -> None:
+            while prefetched:
+                self._release_future(db, prefetched.popleft())
+
         while True:
             if self._stop.is_set():
-                if prefetched is not None:
-                    self._release_future(db, prefetched)
+                give_back()
                 return
             if not self._broker_ready():
-                if prefetched is not None:
-                    self._release_future(db, prefetched)
-                    prefetched = None
+                give_back()
                 self._stop.wait(max(0.0, self._probe_at - time.monotonic()))
                 continue
-            was_prefetched = prefetched is not None
+            was_prefetched = bool(prefetched)
             if not was_prefetched and self.settings.ordered:
                 settled()
             try:
-                claim = (prefetched or db.submit(self._claim)).result()
+                claim = (prefetched.popleft() if prefetched else db.submit(self._claim)).result()
             except DatabaseError as exc:
                 log.error("%s; retrying in %.1fs", exc, error_backoff)
                 self._stop.wait(error_backoff)
                 error_backoff = min(error_backoff * 2, 30.0)
                 continue
-            finally:
-                prefetched = None
             error_backoff = 0.5
             result = CycleResult(claimed=len(claim.events))
-            if claim.events:
+            if claim.events and self._stale(claim):
                 # A prefetched batch waited while the one before it was published.
                 claim = db.submit(self._revalidate, claim).result()
                 if not claim.events:
@@ -782,9 +801,10 @@ class Relay:
                     continue
             if not claim.events:
                 db.submit(self._finish_quietly, result).result()
-                if was_prefetched and self.settings.ordered:
-                    # The prefetch ran while the batch before it was in flight,
-                    # holding its keys' heads: claim again now that it is settled.
+                if was_prefetched and (self.settings.ordered or prefetched):
+                    # Ordered: the prefetch ran while the batch before it was in
+                    # flight, holding its keys' heads; claim again now that it is
+                    # settled. Unordered: another claim is still in flight.
                     continue
                 # Adaptive polling: back off while idle. A wake-up may come just
                 # before the producer's commit is visible: look again shortly.
@@ -798,13 +818,14 @@ class Relay:
                 continue
             idle = self.settings.poll_interval
             if len(claim.events) >= self.batch_size and not self._stop.is_set():
-                prefetched = db.submit(self._claim)  # a full batch: there is probably more
+                # A full batch: there is probably more.
+                while len(prefetched) < self.claim_depth:
+                    prefetched.append(db.submit(self._claim))
             try:
                 outcomes = self._deliver(claim.events)
             except (KeyboardInterrupt, SystemExit):
                 db.submit(self._release, claim.events, claim.token).result()
-                if prefetched is not None:
-                    self._release_future(db, prefetched)
+                give_back()
                 raise
             self._note_outcomes(outcomes)
             # Submit before waiting on the previous settle: an interrupt while

@@ -8,7 +8,7 @@ import pika
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.rabbitmq.options import MAX_ROUTING_KEY_BYTES
-from outbox_core.message import Event
+from outbox_core.message import Event, payload_bytes
 
 KEY_HEADER: Final = "x-outbox-key"
 
@@ -55,7 +55,8 @@ def build_message(
         body = cloudevents.structured_body(event, source)
         content_type = cloudevents.STRUCTURED_CONTENT_TYPE
     else:
-        body = cloudevents.json_bytes(event.payload)
+        # The stored JSON as it is, where the claim kept it unparsed.
+        body = payload_bytes(event) or cloudevents.json_bytes(event.payload)
         content_type = cloudevents.JSON_CONTENT_TYPE
         if envelope == "cloudevents-binary":
             headers.update(cloudevents.amqp_binary_headers(event, source, cloudevents_prefix))

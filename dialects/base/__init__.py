@@ -122,6 +122,8 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         self._key_cursor: str | None = None
         self._scans: dict[tuple[bool, int, int, int], sa.CompoundSelect[Any]] = {}
         self._prepared: dict[tuple[bool, bool], sa.Executable] = {}
+        self._claims: dict[tuple[int, float], sa.Executable] = {}
+        self._marks: dict[bool, sa.Executable] = {}
 
     # -- clock ---------------------------------------------------------------
 
@@ -419,7 +421,11 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         return [c.id, c.event_id, c.topic, c.key, c.payload, c.headers, c.attempts, c.created_at]
 
     def lease_values(
-        self, *, lease: float, token: str, target: sa.FromClause | None = None
+        self,
+        *,
+        lease: float,
+        token: str | sa.BindParameter[str],
+        target: sa.FromClause | None = None,
     ) -> dict[str, Any]:
         """The SET clause that turns a pending row of ``target`` into a leased one."""
         t = self.table if target is None else target
@@ -442,14 +448,20 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         head of each key is eligible.
         """
 
-    def claim_returning(self, conn: Connection, stmt: sa.Executable, token: str) -> list[Event]:
+    def claim_returning(
+        self,
+        conn: Connection,
+        stmt: sa.Executable,
+        token: str,
+        params: dict[str, Any] | None = None,
+    ) -> list[Event]:
         """Run a claim that leases and returns its rows in one statement; oldest first.
 
         ``RETURNING`` / ``OUTPUT`` give rows in no particular order; the relay
         publishes in id order.
         """
         with self.transaction(conn):
-            rows = conn.execute(stmt).all()
+            rows = conn.execute(stmt, params).all()
         return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
 
     def to_event(self, row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
@@ -474,6 +486,10 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
     def id_in(self, ids: Sequence[int]) -> sa.ColumnElement[bool]:
         """``id IN (...)``; PostgreSQL overrides it with one array parameter."""
         return self.table.c.id.in_(list(ids))
+
+    def id_in_bound(self) -> sa.ColumnElement[bool]:
+        """``id IN (:o_ids)``, the ids bound at execution (an expanding parameter)."""
+        return self.table.c.id.in_(sa.bindparam("o_ids", expanding=True))
 
     def owned(
         self, ids: Sequence[int], token: str, *, or_dead: bool = False
@@ -503,21 +519,29 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         """
         if not ids:
             return 0
-        t = self.table
-        mine = self.owned(ids, token, or_dead=True)
-        stmt: sa.Delete | sa.Update
-        if delete:
-            stmt = sa.delete(t).where(mine)
-        else:
-            stmt = (
-                sa.update(t)
-                .where(mine)
-                .values(
-                    state=int(State.SENT), sent_at=self.now(), lease_owner=None, lease_until=None
-                )
-            )
+        # Built once (ids and token bound at execution): the relay marks a
+        # batch every cycle, and building the statement cost more Python
+        # than the database spent on it.
+        stmt = self._marks.get(delete)
+        if stmt is None:
+            stmt = self._marks[delete] = self._mark_sent_statement(delete)
         with self.transaction(conn):
-            return conn.execute(stmt).rowcount
+            return conn.execute(stmt, {"o_ids": list(ids), "o_token": token}).rowcount
+
+    def _mark_sent_statement(self, delete: bool) -> sa.Executable:
+        t = self.table
+        mine = sa.and_(
+            self.id_in_bound(),
+            t.c.lease_owner == sa.bindparam("o_token", type_=t.c.lease_owner.type),
+            in_state(t.c.state, *_ACTIVE, State.DEAD),
+        )
+        if delete:
+            return sa.delete(t).where(mine)
+        return (
+            sa.update(t)
+            .where(mine)
+            .values(state=int(State.SENT), sent_at=self.now(), lease_owner=None, lease_until=None)
+        )
 
     def mark_failed(self, conn: Connection, failures: Sequence[Failure], *, token: str) -> int:
         """Return failed events to pending after their backoff, or make them dead.
@@ -762,7 +786,7 @@ class ReturningDialect(Dialect):
         *,
         limit: int,
         lease: float,
-        token: str,
+        token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
     ) -> sa.Executable:
@@ -771,7 +795,21 @@ class ReturningDialect(Dialect):
     def claim(
         self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
     ) -> list[Event]:
-        """Lease up to ``limit`` rows in one statement (after the key walk in ordered mode)."""
+        """Lease up to ``limit`` rows in one statement (after the key walk in ordered mode).
+
+        The unordered statement is built once per batch size and lease, its
+        token a bound parameter: building it (and its cache key) anew for
+        every claim cost as much Python as decoding a tenth of its rows.
+        """
+        if not ordered and not self.app_clock:
+            stmt = self._claims.get((limit, lease))
+            if stmt is None:
+                token_param = sa.bindparam("o_token", type_=self.table.c.lease_owner.type)
+                stmt = self.claim_statement(
+                    limit=limit, lease=lease, token=token_param, ordered=False
+                )
+                self._claims[limit, lease] = stmt
+            return self.claim_returning(conn, stmt, token, {"o_token": token})
         with self.transaction(conn):
             window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
             if ordered and window is None:

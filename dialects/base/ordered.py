@@ -39,7 +39,11 @@ class OrderedClaims:
         def claim_columns(self, o: sa.FromClause) -> list[sa.ColumnElement[Any]]: ...  # noqa: D102
 
         def lease_values(  # noqa: D102
-            self, *, lease: float, token: str, target: sa.FromClause | None = None
+            self,
+            *,
+            lease: float,
+            token: str | sa.BindParameter[str],
+            target: sa.FromClause | None = None,
         ) -> dict[str, Any]: ...
 
         def to_event(self, row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event: ...  # noqa: D102

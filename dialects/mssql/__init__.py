@@ -136,7 +136,7 @@ class MssqlDialect(ReturningDialect):
         *,
         limit: int,
         lease: float,
-        token: str,
+        token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
     ) -> sa.Update:

@@ -250,9 +250,16 @@ class MysqlDialect(Dialect):
             window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
             if ordered and window is None:
                 return []
-            rows = conn.execute(
-                self.claim_statement(limit=limit, ordered=ordered, window=window)
-            ).all()
+            if ordered:
+                pick: sa.Executable = self.claim_statement(limit=limit, ordered=True, window=window)
+            else:  # built once per batch size (see ReturningDialect.claim)
+                cached = self._claims.get((limit, 0.0))
+                if cached is None:
+                    cached = self._claims[limit, 0.0] = self.claim_statement(
+                        limit=limit, ordered=False
+                    )
+                pick = cached
+            rows = conn.execute(pick).all()
             if ordered and rows:
                 heads = self.run_prefixes(conn, rows)
                 seen: set[str] = set()

@@ -118,7 +118,7 @@ class SqliteDialect(ReturningDialect):
         *,
         limit: int,
         lease: float,
-        token: str,
+        token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
     ) -> sa.Update:

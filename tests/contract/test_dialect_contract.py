@@ -7,6 +7,7 @@ SQLite, PostgreSQL, MariaDB/MySQL and (where configured) SQL Server.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -783,3 +784,60 @@ def test_serialised_writers_of_one_key_are_published_in_id_order(outbox: Outbox)
         assert _publish_all(outbox) == ids
     finally:
         orders.drop(outbox.engine)
+
+
+# -- run(): claims in flight while a batch is published ------------------------------------
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_run_drains_every_event_once_with_claims_in_flight(outbox: Outbox, ordered: bool) -> None:
+    """Two claims in flight (unordered, row locks) or one (ordered, SQLite): all sent once."""
+    queue = MemoryQueue(f"run-{outbox.table.name}")
+    with outbox.engine.begin() as conn:
+        outbox.enqueue_many(
+            conn, [{"topic": "t", "payload": {"n": i}, "key": f"k{i % 7}"} for i in range(1500)]
+        )
+    relay = outbox.relay(
+        MemoryBroker(queue), batch_size=100, ordered=ordered, reap_interval=0, cleanup_after=0
+    )
+    assert relay.claim_depth == (2 if outbox.dialect.row_locks and not ordered else 1)
+    sent = 0
+
+    def count(result: Any) -> None:
+        nonlocal sent
+        sent += result.sent
+        if sent >= 1500:
+            relay.stop()
+
+    relay.on_cycle = count
+    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive()
+    published = [e.payload["n"] for e in queue.snapshot()]
+    assert sorted(published) == list(range(1500))  # each exactly once
+    if ordered:
+        for k in range(7):
+            of_key = [n for n in published if n % 7 == k]
+            assert of_key == sorted(of_key)
+    states = {int(r.state) for r in rows(outbox)}
+    assert states == {int(State.SENT)}  # nothing left leased: prefetched claims given back
+
+
+def test_stopping_gives_back_the_claims_in_flight(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        outbox.enqueue_many(conn, [{"topic": "t", "payload": i} for i in range(3000)])
+    queue = MemoryQueue(f"stop-{outbox.table.name}")
+    relay = outbox.relay(MemoryBroker(queue), batch_size=100, reap_interval=0, cleanup_after=0)
+    relay.on_cycle = lambda result: relay.stop()  # stop after the first settled batch
+    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    by_state: dict[int, int] = {}
+    for r in rows(outbox):
+        by_state[int(r.state)] = by_state.get(int(r.state), 0) + 1
+    assert int(State.LEASED) not in by_state, by_state  # prefetched batches were released
+    assert by_state.get(int(State.SENT), 0) == len(queue.snapshot())
+    attempts = {int(r.attempts) for r in rows(outbox) if int(r.state) == int(State.PENDING)}
+    assert attempts <= {0}  # a given-back claim spends no attempt
