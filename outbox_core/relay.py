@@ -735,15 +735,15 @@ class Relay:
     def claim_depth(self) -> int:
         """Claims (and settles) ``run()`` keeps in flight while a batch is published.
 
-        Two in unordered mode on databases with row locks: each on its own
-        connection, one claim's round trip overlaps the other's row
-        decoding, which alone keeps the database waiting on Python between
-        claims; likewise two settles (``bench/drain.py``, py-spy: the loop
-        waited on the one settle connection 60% of the time). One in
-        ordered mode, whose next claim must see the heads the last settle
-        freed, and on SQLite, whose claims take turns anyway.
+        Two on databases with row locks: each on its own connection, one
+        claim's round trip overlaps the other's row decoding, which alone
+        kept the database waiting on Python between claims; likewise two
+        settles (``bench/drain.py``, py-spy: the loop waited on its one
+        settle connection 60% of the time). In ordered mode the two claims
+        keep apart as two relays do: a key whose head one holds is skipped
+        by the other. One on SQLite, whose claims take turns anyway.
         """
-        return 2 if self.dialect.row_locks and not self.settings.ordered else 1
+        return 2 if self.dialect.row_locks else 1
 
     def _pipeline(self, db: ThreadPoolExecutor, settler: ThreadPoolExecutor) -> None:
         """The loop of ``run()``: claims run on ``db``, settles on ``settler``.

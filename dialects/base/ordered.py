@@ -140,8 +140,12 @@ class OrderedClaims:
             )
         )
         head = self.run_end(walk.c.key, 1)
-        end = head if run_length == 1 else self.run_end(walk.c.key, run_length)
-        return sa.select(walk.c.key, head.label("head"), end.label("run_end")).where(
+        # Run length 1 reads no run end: a second copy of the head's subquery
+        # would probe the index once more per key.
+        run_end: sa.ColumnElement[Any] = (
+            sa.null() if run_length == 1 else self.run_end(walk.c.key, run_length)
+        )
+        return sa.select(walk.c.key, head.label("head"), run_end.label("run_end")).where(
             walk.c.key.is_not(None)
         )
 

@@ -791,7 +791,7 @@ def test_serialised_writers_of_one_key_are_published_in_id_order(outbox: Outbox)
 
 @pytest.mark.parametrize("ordered", [False, True])
 def test_run_drains_every_event_once_with_claims_in_flight(outbox: Outbox, ordered: bool) -> None:
-    """Two claims in flight (unordered, row locks) or one (ordered, SQLite): all sent once."""
+    """Two claims in flight (row locks) or one (SQLite): all sent once, each key in order."""
     queue = MemoryQueue(f"run-{outbox.table.name}")
     with outbox.engine.begin() as conn:
         outbox.enqueue_many(
@@ -800,7 +800,7 @@ def test_run_drains_every_event_once_with_claims_in_flight(outbox: Outbox, order
     relay = outbox.relay(
         MemoryBroker(queue), batch_size=100, ordered=ordered, reap_interval=0, cleanup_after=0
     )
-    assert relay.claim_depth == (2 if outbox.dialect.row_locks and not ordered else 1)
+    assert relay.claim_depth == (2 if outbox.dialect.row_locks else 1)
     sent = 0
 
     def count(result: Any) -> None:
