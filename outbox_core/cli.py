@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -601,6 +602,65 @@ def migrate_command(
         for outbox in (source, target):
             if outbox is not None:
                 outbox.dispose()
+
+
+@main.command("verify")
+@click.option("--db", "database_url", required=True, help="Database URL of the server to prove.")
+@click.option(
+    "--broker",
+    "broker_url",
+    help="Also check this broker answers (connects and declares, publishes nothing).",
+)
+@click.option(
+    "--quick", is_flag=True, help="Smaller concurrency runs: a CI smoke test (under a minute)."
+)
+@click.option(
+    "--only", multiple=True, metavar="NAME", help="Check only this guarantee (repeatable)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the matrix row as JSON.")
+@click.option(
+    "--junit", "junit_file", type=click.Path(dir_okay=False), help="Also write JUnit XML here."
+)
+@handle_errors
+def verify_command(
+    database_url: str,
+    broker_url: str | None,
+    quick: bool,
+    only: tuple[str, ...],
+    as_json: bool,
+    junit_file: str | None,
+) -> None:
+    """Prove the outbox's guarantees on this server, on temporary tables (exit 1 on a failure).
+
+    Creates its own ``outbox_verify_*`` tables and drops them; the outbox
+    table is never touched.
+    """
+    from outbox_core.verify import GUARANTEES, render_junit, render_text, verify
+
+    names = [name for name, _, _ in GUARANTEES]
+    unknown = sorted(set(only) - set(names))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown guarantee {', '.join(unknown)}; the guarantees are: {', '.join(names)}"
+        )
+
+    def progress(result: Any) -> None:
+        if not as_json:
+            click.echo(f"  {result.status.upper():<5} {result.name}", err=True)
+
+    report = verify(database_url, quick=quick, only=list(only) or None, progress=progress)
+    broker = _probe_broker(broker_url) if broker_url else None
+    if as_json:
+        click.echo(json.dumps({**report.as_dict(), "broker": broker}, indent=2, default=str))
+    else:
+        click.echo(render_text(report))
+        if broker is not None:
+            state = "up" if broker["up"] else f"DOWN: {broker['error']}"
+            click.echo(f"broker {broker['url']}: {state}")
+    if junit_file:
+        Path(junit_file).write_text(render_junit(report), encoding="utf-8")
+    if not report.ok or (broker is not None and not broker["up"]):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

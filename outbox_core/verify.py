@@ -1,0 +1,477 @@
+"""``outbox verify``: prove the outbox's guarantees on your own database server.
+
+Each guarantee is checked against the server the URL names, on temporary
+tables (``outbox_verify_<random>``) created for the check and dropped after
+it; the real outbox table is never read or written. Concurrency is real:
+separate connections, and threads that claim at the same time. The result is
+one row of a compatibility matrix (the server, its version, each guarantee
+as pass, fail or skip with the reason, and the time), printed as text, JSON
+or JUnit XML. ``verify`` exits 1 when any guarantee fails.
+
+The checks use only the dialect interface, so a broken strategy (a claim
+without SKIP LOCKED, an ordered claim without its head-of-key check) fails
+the guarantee it breaks, by name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from xml.etree import ElementTree
+
+import sqlalchemy as sa
+
+from outbox_core.dialects.base import SessionLimits
+from outbox_core.errors import OutboxError
+from outbox_core.message import Event, Failure
+from outbox_core.outbox import Outbox
+
+#: Seconds a claim may take while another session holds locked rows: far
+#: below any lock-wait timeout, far above a claim's own time.
+NO_WAIT_SECONDS = 2.0
+
+
+class Skip(Exception):
+    """The guarantee does not apply to this database; the message says why."""
+
+
+class Failed(AssertionError):
+    """The guarantee does not hold; the message says what was seen."""
+
+
+@dataclass
+class Result:
+    """One guarantee's verdict."""
+
+    name: str
+    guarantee: str
+    status: str  # "pass", "fail" or "skip"
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    """One row of the compatibility matrix."""
+
+    url: str
+    server: str
+    version: str
+    mode: str
+    results: list[Result] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when no guarantee failed."""
+        return all(r.status != "fail" for r in self.results)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass
+class Context:
+    """What a check gets: a fresh, installed outbox on its own temporary table."""
+
+    outbox: Outbox
+    quick: bool
+
+    @property
+    def dialect(self) -> Any:
+        """The outbox's dialect (the strategy under test)."""
+        return self.outbox.dialect
+
+    @contextmanager
+    def connection(self) -> Iterator[sa.Connection]:
+        """A connection configured as a relay's (session limits from a 30 s lease)."""
+        conn = self.dialect.connect(self.outbox.engine)
+        try:
+            self.dialect.limit_session(conn, SessionLimits.for_lease(30.0))
+            yield conn
+        finally:
+            conn.close()
+
+    def enqueue(self, *events: tuple[str | None, Any]) -> list[str]:
+        """Commit ``(key, payload)`` events in one transaction; their event ids."""
+        with self.outbox.engine.begin() as conn:
+            return self.outbox.enqueue_many(
+                conn, [{"topic": "verify", "payload": p, "key": k} for k, p in events]
+            )
+
+    def claim(
+        self, conn: sa.Connection, token: str, *, limit: int = 100, ordered: bool = False
+    ) -> list[Event]:
+        """One claim on ``conn`` (a 30 s lease)."""
+        events: list[Event] = self.dialect.claim(
+            conn, limit=limit, lease=30.0, token=token, ordered=ordered
+        )
+        return events
+
+
+def expect(condition: bool, message: str) -> None:
+    """Fail the guarantee with ``message`` unless ``condition``."""
+    if not condition:
+        raise Failed(message)
+
+
+# -- the guarantees --------------------------------------------------------------------------
+
+
+def atomic_with_the_transaction(ctx: Context) -> None:
+    """A committed event is claimable; one whose transaction rolled back never is."""
+    committed = ctx.enqueue(("k", {"n": 1}))
+    try:
+        with ctx.outbox.engine.begin() as conn:
+            ctx.outbox.enqueue(conn, "verify", {"n": 2}, key="k2")
+            raise _RollBack
+    except _RollBack:
+        pass
+    with ctx.connection() as conn:
+        claimed = ctx.claim(conn, "a")
+    expect(
+        [e.event_id for e in claimed] == committed,
+        f"claimed {[e.payload for e in claimed]}, expected only the committed event",
+    )
+
+
+class _RollBack(Exception):
+    pass
+
+
+def claims_are_disjoint(ctx: Context) -> None:
+    """Relays claiming at the same time on separate connections never get the same event."""
+    total = 300 if ctx.quick else 2000
+    ctx.enqueue(*((None, {"n": i}) for i in range(total)))
+    seen: list[list[int]] = [[] for _ in range(4)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def relay(slot: int) -> None:
+        try:
+            with ctx.connection() as conn:
+                start.wait()
+                n = 0
+                while True:
+                    n += 1
+                    events = ctx.claim(conn, f"r{slot}:{n}", limit=17)
+                    if not events:
+                        return
+                    seen[slot] += [int(e.payload["n"]) for e in events]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    _run_threads(relay, 4)
+    if errors:
+        raise errors[0]
+    got = sorted(n for s in seen for n in s)
+    expect(len(got) == len(set(got)), f"{len(got) - len(set(got))} events were claimed twice")
+    expect(got == list(range(total)), f"{total - len(set(got))} events were never claimed")
+
+
+def claims_do_not_wait(ctx: Context) -> None:
+    """A claim skips rows another session holds instead of waiting for them."""
+    if not ctx.dialect.row_locks:
+        raise Skip(f"{ctx.dialect.family} claims take turns (one writer at a time)")
+    ctx.enqueue(*((None, {"n": i}) for i in range(20)))
+    # The holder's transaction is opened the relay's way (its isolation level)
+    # and kept open: a relay frozen mid-claim, its row locks held.
+    with ctx.connection() as holder, ctx.connection() as other, ctx.dialect.transaction(holder):
+        held = ctx.claim(holder, "holder", limit=10)
+        started = time.monotonic()
+        taken = ctx.claim(other, "other", limit=10)
+        waited = time.monotonic() - started
+    expect(
+        waited < NO_WAIT_SECONDS,
+        f"a claim waited {waited:.1f}s for rows another session held",
+    )
+    overlap = {e.id for e in held} & {e.id for e in taken}
+    expect(not overlap, f"two sessions claimed the same events {sorted(overlap)}")
+    expect(len(taken) == 10, f"the second claim got {len(taken)} of the 10 free events")
+
+
+def fencing_after_lease_expiry(ctx: Context) -> None:
+    """A relay whose lease expired and was re-claimed cannot settle the event any more."""
+    ctx.enqueue(("k", {"n": 1}))
+    d = ctx.dialect
+    with ctx.connection() as conn:
+        [slow] = d.claim(conn, limit=1, lease=0.5, token="slow", ordered=False)
+        time.sleep(1.0)
+        reaped = d.reap(conn, max_attempts=10)
+        expect(reaped == 1, f"the reaper returned {reaped} expired leases, expected 1")
+        [fast] = ctx.claim(conn, "fast")
+        expect(fast.id == slow.id, "the expired event was not claimed again")
+        stale = d.mark_sent(conn, [slow.id], token="slow", delete=False)
+        expect(stale == 0, "the relay whose lease expired still marked the event sent")
+        fresh = d.mark_sent(conn, [fast.id], token="fast", delete=False)
+        expect(fresh == 1, "the relay holding the lease could not mark the event sent")
+
+
+def ordered_head_of_key(ctx: Context) -> None:
+    """In ordered mode only the head of each key is claimed, until it is settled."""
+    ctx.enqueue(("a", 1), ("a", 2), ("b", 1), ("a", 3), (None, 0))
+    with ctx.connection() as conn:
+        first = ctx.claim(conn, "one", ordered=True)
+        got = sorted((e.key or "", e.payload) for e in first)
+        expect(got == [("", 0), ("a", 1), ("b", 1)], f"first ordered claim took {got}")
+        again = ctx.claim(conn, "two", ordered=True)
+        expect(not again, f"a key's next event was claimed while its head was leased: {again}")
+        head = next(e for e in first if e.key == "a")
+        ctx.dialect.mark_sent(conn, [head.id], token="one", delete=False)
+        nxt = ctx.claim(conn, "three", ordered=True)
+        expect(
+            [(e.key, e.payload) for e in nxt] == [("a", 2)],
+            f"after the head was sent the claim took {[(e.key, e.payload) for e in nxt]}",
+        )
+
+
+def ordered_head_of_key_concurrent(ctx: Context) -> None:
+    """Concurrent ordered claims never take two events of one key at once."""
+    keys = 5 if ctx.quick else 20
+    per_key = 20
+    ctx.enqueue(*((f"k{i % keys}", {"n": i}) for i in range(keys * per_key)))
+    published: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def relay(slot: int) -> None:
+        try:
+            with ctx.connection() as conn:
+                idle = 0
+                while idle < 3:
+                    events = ctx.claim(conn, f"r{slot}:{uuid.uuid4().hex[:8]}", ordered=True)
+                    if not events:
+                        idle += 1
+                        time.sleep(0.01)
+                        continue
+                    idle = 0
+                    with lock:
+                        published.extend((str(e.key), int(e.payload["n"])) for e in events)
+                    ctx.dialect.mark_sent(
+                        conn, [e.id for e in events], token=events[0].token, delete=False
+                    )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    _run_threads(relay, 3)
+    if errors:
+        raise errors[0]
+    expect(len(published) == keys * per_key, f"{len(published)} of {keys * per_key} published")
+    for k in range(keys):
+        order = [n for key, n in published if key == f"k{k}"]
+        expect(order == sorted(order), f"key k{k} was published out of order: {order}")
+
+
+def ordered_runs(ctx: Context) -> None:
+    """``run_length`` > 1 claims each key's first events, in order, and nothing after a gap."""
+    ctx.enqueue(("a", 1), ("a", 2), ("a", 3), ("b", 1))
+    with ctx.connection() as conn:
+        events = ctx.dialect.claim_runs(conn, limit=10, lease=30.0, token="t", run_length=2)
+    got = [(e.key, e.payload) for e in events]
+    expect(got == [("a", 1), ("a", 2), ("b", 1)], f"a run claim took {got}")
+
+
+def release_and_reap(ctx: Context) -> None:
+    """Released events are due at once with no attempt spent; expired leases return, then die."""
+    ctx.enqueue(("k", 1), ("j", 2))
+    d = ctx.dialect
+    with ctx.connection() as conn:
+        claimed = ctx.claim(conn, "t")
+        given = d.release(conn, [e.id for e in claimed], token="t")
+        expect(given == 2, f"release gave back {given} of 2 events")
+        again = ctx.claim(conn, "u")
+        expect(
+            sorted(e.attempts for e in again) == [1, 1],
+            f"released events came back with attempts {[e.attempts for e in again]}",
+        )
+        d.release(conn, [e.id for e in again], token="u")
+        d.claim(conn, limit=10, lease=0.3, token="v", ordered=False)
+        time.sleep(0.6)
+        reaped = d.reap(conn, max_attempts=1)
+        expect(reaped == 2, f"the reaper changed {reaped} of 2 expired leases")
+        counts = d.state_counts(conn)
+    expect(counts["dead"] == 2, f"after the last attempt expired the states were {counts}")
+
+
+def dead_and_replay(ctx: Context) -> None:
+    """A rejected event goes dead, is never claimed again, and ``replay`` brings it back."""
+    ctx.enqueue((None, 1))
+    d = ctx.dialect
+    with ctx.connection() as conn:
+        [event] = ctx.claim(conn, "t")
+        d.mark_failed(conn, [Failure(event.id, "rejected", None)], token="t")
+        expect(not ctx.claim(conn, "u"), "a dead event was claimed")
+        replayed = d.replay(conn, ids=[event.id])
+        expect(replayed == 1, f"replay moved {replayed} events")
+        [back] = ctx.claim(conn, "w")
+        expect(back.attempts == 1, f"a replayed event came back with attempts {back.attempts}")
+
+
+def inbox_insert_if_absent(ctx: Context) -> None:
+    """Consumers racing on one event: exactly one records it (the inbox's insert-if-absent)."""
+    from outbox_core.inbox import Inbox
+
+    inbox = Inbox.for_outbox(ctx.outbox)
+    inbox.install()
+    event_id = str(uuid.uuid4())
+    firsts: list[bool] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def consume(_slot: int) -> None:
+        try:
+            start.wait()
+            with ctx.outbox.engine.begin() as conn:
+                firsts.append(inbox.record(conn, "verify", event_id))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    _run_threads(consume, 4)
+    if errors:
+        raise errors[0]
+    expect(sorted(firsts) == [False, False, False, True], f"record() returned {firsts}")
+
+
+def _run_threads(target: Callable[[int], None], n: int) -> None:
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        if t.is_alive():
+            raise Failed("a check's connection hung for two minutes")
+
+
+#: (name, the guarantee in words, check), in the order they run.
+GUARANTEES: list[tuple[str, str, Callable[[Context], None]]] = [
+    ("atomic", "an event commits or rolls back with its transaction", atomic_with_the_transaction),
+    ("disjoint-claims", "concurrent claims never return the same event", claims_are_disjoint),
+    ("no-waiting", "a claim skips locked rows instead of waiting", claims_do_not_wait),
+    ("fencing", "an expired, re-claimed lease cannot settle", fencing_after_lease_expiry),
+    ("head-of-key", "ordered claims take only each key's head", ordered_head_of_key),
+    (
+        "per-key-order",
+        "concurrent ordered relays publish each key in order",
+        ordered_head_of_key_concurrent,
+    ),
+    ("ordered-runs", "run claims take each key's first events, in order", ordered_runs),
+    (
+        "release-and-reap",
+        "released events cost no attempt; expired leases return",
+        release_and_reap,
+    ),
+    ("dead-and-replay", "rejected events go dead until replayed", dead_and_replay),
+    ("inbox", "exactly one consumer records an event", inbox_insert_if_absent),
+]
+
+
+def verify(
+    url: str,
+    *,
+    quick: bool = False,
+    only: Sequence[str] | None = None,
+    outbox_factory: Callable[[str, str], Outbox] | None = None,
+    progress: Callable[[Result], None] | None = None,
+) -> Report:
+    """Check every guarantee against the server at ``url``; the matrix row.
+
+    ``outbox_factory(url, table)`` builds the outbox under test (tests pass
+    one with a deliberately broken strategy).
+    """
+    make = outbox_factory or (lambda u, table: Outbox(u, table=table))
+    started = time.monotonic()
+    probe = make(url, f"outbox_verify_{uuid.uuid4().hex[:10]}")
+    try:
+        with probe.engine.connect() as conn:
+            info = probe.dialect.server_info(conn)
+    finally:
+        probe.dispose()
+    report = Report(
+        probe.url.render_as_string(hide_password=True),
+        info.product,
+        info.version,
+        "quick" if quick else "default",
+    )
+    for name, guarantee, check in GUARANTEES:
+        if only is not None and name not in only:
+            continue
+        result = _run_one(make, url, name, guarantee, check, quick)
+        report.results.append(result)
+        if progress is not None:
+            progress(result)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _run_one(
+    make: Callable[[str, str], Outbox],
+    url: str,
+    name: str,
+    guarantee: str,
+    check: Callable[[Context], None],
+    quick: bool,
+) -> Result:
+    outbox = make(url, f"outbox_verify_{uuid.uuid4().hex[:10]}")
+    started = time.monotonic()
+    try:
+        outbox.install()
+        check(Context(outbox, quick))
+        status, detail = "pass", ""
+    except Skip as exc:
+        status, detail = "skip", str(exc)
+    except Failed as exc:
+        status, detail = "fail", str(exc)
+    except (OutboxError, sa.exc.SQLAlchemyError) as exc:
+        status, detail = "fail", f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    finally:
+        try:
+            outbox.tables.metadata.drop_all(outbox.engine)
+        finally:
+            outbox.dispose()
+    return Result(name, guarantee, status, time.monotonic() - started, detail)
+
+
+def render_text(report: Report) -> str:
+    """The matrix row for people."""
+    lines = [f"{report.server} {report.version}  ({report.url}, {report.mode})"]
+    for r in report.results:
+        line = f"  {r.status.upper():<5} {r.name:<17} {r.guarantee}"
+        if r.detail:
+            line += f"\n        {r.detail}"
+        lines.append(line)
+    failed = sum(r.status == "fail" for r in report.results)
+    skipped = sum(r.status == "skip" for r in report.results)
+    passed = len(report.results) - failed - skipped
+    lines.append(f"{passed} passed, {failed} failed, {skipped} skipped in {report.seconds:.1f}s")
+    return "\n".join(lines)
+
+
+def render_junit(report: Report) -> str:
+    """The row as JUnit XML (one test case per guarantee), for CI systems."""
+    suite = ElementTree.Element(
+        "testsuite",
+        name=f"outbox verify {report.server} {report.version}",
+        tests=str(len(report.results)),
+        failures=str(sum(r.status == "fail" for r in report.results)),
+        skipped=str(sum(r.status == "skip" for r in report.results)),
+        time=f"{report.seconds:.3f}",
+    )
+    for r in report.results:
+        case = ElementTree.SubElement(
+            suite,
+            "testcase",
+            classname=f"{report.server} {report.version}",
+            name=r.name,
+            time=f"{r.seconds:.3f}",
+        )
+        if r.status == "fail":
+            ElementTree.SubElement(case, "failure", message=r.detail).text = r.guarantee
+        elif r.status == "skip":
+            ElementTree.SubElement(case, "skipped", message=r.detail)
+    return ElementTree.tostring(suite, encoding="unicode")
