@@ -612,7 +612,16 @@ def migrate_command(
     help="Also check this broker answers (connects and declares, publishes nothing).",
 )
 @click.option(
-    "--quick", is_flag=True, help="Smaller concurrency runs: a CI smoke test (under a minute)."
+    "--quick",
+    "mode",
+    flag_value="quick",
+    help="Smaller concurrency runs: a CI smoke test (under a minute).",
+)
+@click.option(
+    "--thorough",
+    "mode",
+    flag_value="thorough",
+    help="Ten times the concurrent work of the default run.",
 )
 @click.option(
     "--only", multiple=True, metavar="NAME", help="Check only this guarantee (repeatable)."
@@ -625,7 +634,7 @@ def migrate_command(
 def verify_command(
     database_url: str,
     broker_url: str | None,
-    quick: bool,
+    mode: str | None,
     only: tuple[str, ...],
     as_json: bool,
     junit_file: str | None,
@@ -648,7 +657,9 @@ def verify_command(
         if not as_json:
             click.echo(f"  {result.status.upper():<5} {result.name}", err=True)
 
-    report = verify(database_url, quick=quick, only=list(only) or None, progress=progress)
+    report = verify(
+        database_url, mode=mode or "default", only=list(only) or None, progress=progress
+    )
     broker = _probe_broker(broker_url) if broker_url else None
     if as_json:
         click.echo(json.dumps({**report.as_dict(), "broker": broker}, indent=2, default=str))

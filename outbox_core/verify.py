@@ -81,7 +81,12 @@ class Context:
     """What a check gets: a fresh, installed outbox on its own temporary table."""
 
     outbox: Outbox
-    quick: bool
+    #: ``quick``, ``default`` or ``thorough``: how much concurrent work the checks do.
+    mode: str = "default"
+
+    def size(self, quick: int, default: int, thorough: int) -> int:
+        """The amount of work for this run's mode."""
+        return {"quick": quick, "thorough": thorough}.get(self.mode, default)
 
     @property
     def dialect(self) -> Any:
@@ -147,7 +152,7 @@ class _RollBack(Exception):
 
 def claims_are_disjoint(ctx: Context) -> None:
     """Relays claiming at the same time on separate connections never get the same event."""
-    total = 300 if ctx.quick else 2000
+    total = ctx.size(300, 2000, 20_000)
     ctx.enqueue(*((None, {"n": i}) for i in range(total)))
     seen: list[list[int]] = [[] for _ in range(4)]
     errors: list[BaseException] = []
@@ -233,7 +238,7 @@ def ordered_head_of_key(ctx: Context) -> None:
 
 def ordered_head_of_key_concurrent(ctx: Context) -> None:
     """Concurrent ordered claims never take two events of one key at once."""
-    keys = 5 if ctx.quick else 20
+    keys = ctx.size(5, 20, 100)
     per_key = 20
     ctx.enqueue(*((f"k{i % keys}", {"n": i}) for i in range(keys * per_key)))
     published: list[tuple[str, int]] = []
@@ -374,7 +379,7 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], None]]] = [
 def verify(
     url: str,
     *,
-    quick: bool = False,
+    mode: str = "default",
     only: Sequence[str] | None = None,
     outbox_factory: Callable[[str, str], Outbox] | None = None,
     progress: Callable[[Result], None] | None = None,
@@ -393,15 +398,12 @@ def verify(
     finally:
         probe.dispose()
     report = Report(
-        probe.url.render_as_string(hide_password=True),
-        info.product,
-        info.version,
-        "quick" if quick else "default",
+        probe.url.render_as_string(hide_password=True), info.product, info.version, mode
     )
     for name, guarantee, check in GUARANTEES:
         if only is not None and name not in only:
             continue
-        result = _run_one(make, url, name, guarantee, check, quick)
+        result = _run_one(make, url, name, guarantee, check, mode)
         report.results.append(result)
         if progress is not None:
             progress(result)
@@ -415,13 +417,13 @@ def _run_one(
     name: str,
     guarantee: str,
     check: Callable[[Context], None],
-    quick: bool,
+    mode: str,
 ) -> Result:
     outbox = make(url, f"outbox_verify_{uuid.uuid4().hex[:10]}")
     started = time.monotonic()
     try:
         outbox.install()
-        check(Context(outbox, quick))
+        check(Context(outbox, mode))
         status, detail = "pass", ""
     except Skip as exc:
         status, detail = "skip", str(exc)

@@ -16,7 +16,7 @@ from outbox_core import Outbox, State
 from outbox_core.brokers.rabbitmq import RabbitMQBroker
 from tests.contract.broker_fixtures import RabbitState, TcpProxy, unused_port
 
-EVENTS = 10_000
+EVENTS = 5_000
 KEYS = 50
 PER_TRANSACTION = 10
 

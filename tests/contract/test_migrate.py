@@ -37,7 +37,7 @@ from outbox_core.migrate import migrate, verify
 from outbox_core.schema import OutboxTables
 from tests.conftest import BACKENDS, _probe, server_url, unavailable
 
-EVENTS = 50_000
+EVENTS = 20_000
 KEYS = 500
 COMMAND = "from outbox_core.cli import migrate_command; migrate_command()"
 FIELDS = (

@@ -67,6 +67,13 @@ def test_verify_json_is_one_matrix_row(backend: str, db_url: str) -> None:
     assert row["results"][0]["status"] == "pass"
 
 
+def test_thorough_runs_more_concurrent_work(db_url: str) -> None:
+    code, output = run("verify", "--db", db_url, "--thorough", "--only", "per-key-order", "--json")
+    assert code == 0, output
+    row = json.loads(output[output.index("{") :])
+    assert row["mode"] == "thorough" and row["results"][0]["status"] == "pass"
+
+
 def test_unknown_guarantee_names_the_known_ones(db_url: str) -> None:
     code, output = run("verify", "--db", db_url, "--only", "speed")
     assert code == 2
@@ -103,7 +110,7 @@ def test_a_broken_strategy_fails_the_guarantee_it_breaks(
         pytest.skip("SQLite has no row locks to skip")
     outbox.dispose()
     report = verify(
-        db_url, quick=True, only=[guarantee], outbox_factory=lambda u, t: _broken(u, t, breaks)
+        db_url, mode="quick", only=[guarantee], outbox_factory=lambda u, t: _broken(u, t, breaks)
     )
     assert not report.ok
     [result] = report.results
