@@ -82,10 +82,8 @@ def test_the_wheel_has_one_top_level_import_package(wheel: Path) -> None:
     assert "outbox_core/py.typed" in files
 
 
-def test_a_project_with_its_own_brokers_and_dialects_packages_works(
-    wheel: Path, tmp_path: Path
-) -> None:
-    venv = tmp_path / "venv"
+def _venv_with(wheel: Path, venv: Path) -> Path:
+    """A fresh venv with only the wheel installed; its site-packages."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run(
@@ -93,11 +91,47 @@ def test_a_project_with_its_own_brokers_and_dialects_packages_works(
          "--no-index", str(wheel)],
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    # The dependencies (SQLAlchemy, click) come from this environment: a plain path
-    # entry, so the development checkout's editable hook is not loaded there.
+    # The dependencies (SQLAlchemy, click, the drivers) come from this environment:
+    # a plain path entry, so the development checkout's editable hook is not loaded there.
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     target = venv / "lib" / version / "site-packages"
     (target / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return target
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One fresh venv with the wheel, shared by the databases: (venv, its site-packages)."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
+    return venv, _venv_with(wheel, venv)
+
+
+def test_the_installed_wheel_verifies_a_server_with_no_checkout(
+    installed: tuple[Path, Path], tmp_path: Path, db_url: str
+) -> None:
+    """``outbox verify --quick`` from the wheel alone, run outside any checkout."""
+    venv, target = installed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    which = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import outbox_core; print(outbox_core.__file__)"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert which.stdout.startswith(str(target)), which.stdout + which.stderr
+    done = subprocess.run(
+        [str(venv / "bin" / "outbox"), "verify", "--db", db_url, "--quick"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " 0 failed" in done.stdout
+
+
+def test_a_project_with_its_own_brokers_and_dialects_packages_works(
+    wheel: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    target = _venv_with(wheel, venv)
+    python = venv / "bin" / "python"
     project = tmp_path / "project"
     for name in ("brokers", "dialects"):
         (project / name).mkdir(parents=True)
