@@ -97,36 +97,34 @@ def _build_outbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Ta
     )
 
 
-def _partial(
-    ddl: BaseDDLElement,
-    target: SchemaItem | str,
-    bind: sa.Connection | None,
-    tables: list[sa.Table] | None = None,
-    state: Any | None = None,
-    *,
-    dialect: sa.Dialect,
-    compiler: DDLCompiler | None = None,
-    checkfirst: bool = False,
-) -> bool:
-    """Whether ``dialect``'s database has partial indexes (its dialect class says)."""
-    from outbox_core.dialects.base.registry import get_dialect
+class _HasPartialIndexes:
+    """A ``ddl_if`` condition: the database has partial indexes (or, ``wanted=False``, not).
 
-    return get_dialect(dialect.name).partial_indexes
+    Its dialect class says (``Dialect.partial_indexes``); no database name is compared here.
+    """
+
+    def __init__(self, wanted: bool) -> None:
+        self.wanted = wanted
+
+    def __call__(
+        self,
+        ddl: BaseDDLElement,
+        target: SchemaItem | str,
+        bind: sa.Connection | None,
+        tables: list[sa.Table] | None = None,
+        state: Any | None = None,
+        *,
+        dialect: sa.Dialect,
+        compiler: DDLCompiler | None = None,
+        checkfirst: bool = False,
+    ) -> bool:
+        from outbox_core.dialects.base.registry import get_dialect
+
+        return get_dialect(dialect.name).partial_indexes is self.wanted
 
 
-def _composite(
-    ddl: BaseDDLElement,
-    target: SchemaItem | str,
-    bind: sa.Connection | None,
-    tables: list[sa.Table] | None = None,
-    state: Any | None = None,
-    *,
-    dialect: sa.Dialect,
-    compiler: DDLCompiler | None = None,
-    checkfirst: bool = False,
-) -> bool:
-    """The opposite: the database has no partial indexes (MySQL, MariaDB)."""
-    return not _partial(ddl, target, bind, dialect=dialect, checkfirst=checkfirst)
+_partial = _HasPartialIndexes(True)
+_composite = _HasPartialIndexes(False)
 
 
 def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[bool]) -> None:
