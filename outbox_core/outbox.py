@@ -187,14 +187,16 @@ class Outbox:
 
     # -- setup --------------------------------------------------------------------------
 
-    def check(self) -> None:
-        """Verify the server supports the outbox and the table exists.
+    def check(self, *, ordered: bool = False) -> None:
+        """Verify the server supports the outbox (and ordered claims) and the table exists.
 
-        Raises ``UnsupportedDatabase`` naming the version needed, or
+        Raises ``UnsupportedDatabase`` naming the version or setting needed, or
         :class:`TableMissing` with the ``outbox install`` command that creates it.
         """
         with translate_errors("check"), self.engine.connect() as conn:
             self.dialect.check(conn)
+            if ordered:
+                self.dialect.check_ordered(conn)
             exists = sa.inspect(conn).has_table(self.table.name, schema=self.table.schema)
         if not exists:
             url = mask_url(self.url.render_as_string(hide_password=False))

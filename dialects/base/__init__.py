@@ -205,6 +205,10 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         """
         return os.environ.get(f"OUTBOX_TEST_{cls.name.upper()}_URL") or cls.test_default_url
 
+    def shared_by_processes(self, url: URL) -> bool:
+        """Other processes connecting to ``url`` reach this same database."""
+        return True
+
     # -- ``outbox doctor`` ------------------------------------------------------
 
     #: How concurrent claims keep apart, for people.
@@ -236,6 +240,14 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
 
         Raises :class:`~outbox_core.errors.UnsupportedDatabase` naming the
         version found and the version needed.
+        """
+
+    def check_ordered(self, conn: Connection) -> None:
+        """Verify the database can serve ordered claims (checked when a relay starts ordered).
+
+        Raises :class:`~outbox_core.errors.UnsupportedDatabase` with the fix.
+        The default accepts: claims that see past other claims' row locks need
+        nothing more.
         """
 
     def install(self, conn: Connection) -> None:

@@ -1,30 +1,71 @@
 """Microsoft SQL Server 2016 and newer (pyodbc).
 
 Claim: ``WITH c AS (SELECT TOP (n) ... FROM outbox WITH (ROWLOCK, UPDLOCK,
-READPAST) WHERE ... ORDER BY id) UPDATE c SET ... OUTPUT inserted.*``.
-SQLAlchemy silently drops ``with_for_update(skip_locked=True)`` on SQL
-Server, so the lock hints are given with ``with_hint``. UPDLOCK stays with
-READPAST under READ_COMMITTED_SNAPSHOT too: without it two relays could read
-the same committed version and both lease it. Batches stay far below the
-5,000 locks at which SQL Server escalates to a table lock.
+READPAST, READCOMMITTEDLOCK) WHERE ... ORDER BY id) UPDATE c SET ...``, then
+the claim's rows read back by its token. SQLAlchemy silently drops
+``with_for_update(skip_locked=True)`` on SQL Server, so the lock hints are
+given with ``with_hint``. Each decision below follows a page of Microsoft's
+documentation, and each has a compiled-SQL test in
+``tests/unit/test_claim_sql.py``:
 
-Schema (the same decisions as PostgreSQL's, ``schema._add_work_indexes``):
-
-* Filtered indexes hold only rows still to deliver: ``ix_<t>_pending (id)``
-  and ``ix_<t>_pending_key (key, id) WHERE state = 0``, ``ix_<t>_leased``
-  and ``ix_<t>_dead (key, id) WHERE state = 1`` / ``= 3``. Sent rows, the
-  history, are in the clustered primary key and ``event_id`` only, so
-  marking an event sent writes no work index.
-* Every claim compares ``state`` with a literal (``schema.in_state``): the
-  optimizer matches a filtered index only against constants, never a
-  parameter (``state = @P1`` cannot use ``WHERE state = 0``).
-* ``enqueue_many`` relies on SQLAlchemy folding its executemany into
-  multi-row ``INSERT`` statements without ``OUTPUT``, which would fail once
-  a user adds a trigger to the table.
+* **READPAST under READ_COMMITTED_SNAPSHOT (RCSI).** "The READPAST table hint
+  can't be specified when the READ_COMMITTED_SNAPSHOT database option is set
+  to ON and ... the transaction isolation level of the session is READ
+  COMMITTED ... include the READCOMMITTEDLOCK table hint in the query"
+  (https://learn.microsoft.com/en-us/sql/t-sql/queries/hints-transact-sql-table).
+  Every READPAST read (claims, the reaper, cleanup) carries READCOMMITTEDLOCK,
+  so the outbox works with RCSI on or off. UPDLOCK stays: "update locks are
+  taken and held until the transaction completes", so two relays never lease
+  the same row.
+* **Lock escalation.** "A single Transact-SQL statement acquires at least
+  5,000 locks on a single nonpartitioned table or index" escalates to a table
+  lock
+  (https://learn.microsoft.com/en-us/sql/relational-databases/sql-server-transaction-locking-and-row-versioning-guide),
+  which READPAST cannot skip and which blocks producers. A claim reads at
+  most :attr:`MssqlDialect.max_batch` (1,000) rows it leases, but rows it
+  reads and passes over (delayed events) are locked too; so ``install`` also
+  sets ``LOCK_ESCALATION = DISABLE`` on the outbox table ("Prevents lock
+  escalation in most cases",
+  https://learn.microsoft.com/en-us/sql/t-sql/statements/alter-table-transact-sql;
+  it needs ALTER permission on the table), and ``outbox doctor`` reports a
+  table without it.
+* **Plain reads block without RCSI.** "If READ_COMMITTED_SNAPSHOT is set to
+  OFF ... The shared locks also block the statement from reading rows modified
+  by other transactions until the other transaction is completed"
+  (https://learn.microsoft.com/en-us/sql/t-sql/statements/set-transaction-isolation-level-transact-sql).
+  The ordered claim must read other claims' rows without skipping them (the
+  head-of-key check, the key walk, the run prefixes: skipping a held head
+  would let its successor overtake it), so without RCSI those reads wait on
+  other claims' locks and two claims can deadlock. With RCSI they read the
+  last committed version: "Locks are not used to protect the data from
+  updates by other transactions". An ordered relay therefore refuses to
+  start on a database with RCSI off (:meth:`MssqlDialect.check_ordered`),
+  and ``outbox doctor`` says so with the ``ALTER DATABASE`` that fixes it.
+* **Filtered indexes.** ``ix_<t>_pending (id)`` and ``ix_<t>_pending_key
+  (key, id) WHERE state = 0``, ``ix_<t>_leased`` and ``ix_<t>_dead (key, id)
+  WHERE state = 1`` / ``= 3`` hold only rows still to deliver. Every claim
+  compares ``state`` with a literal (``schema.in_state``): the optimizer
+  matches a filtered index against constants, never a parameter. And "The
+  SET options in the Required Value column are required whenever ... INSERT,
+  UPDATE, DELETE, or MERGE operation modifies the data in a filtered index"
+  (https://learn.microsoft.com/en-us/sql/t-sql/statements/create-index-transact-sql):
+  relay connections set them (:data:`FILTERED_INDEX_OPTIONS`); producers'
+  connections get them from the ODBC driver's defaults, and ``outbox doctor``
+  checks its own session's.
+* **Triggers break OUTPUT.** "If the OUTPUT clause is specified without also
+  specifying the INTO keyword, the target of the DML operation cannot have
+  any enabled trigger" (error 334,
+  https://learn.microsoft.com/en-us/sql/t-sql/queries/output-clause-transact-sql).
+  No statement of the outbox uses OUTPUT: the claim leases with a plain
+  ``UPDATE`` and reads its rows back by its token (its own locked rows,
+  skipping other claims' with READPAST), and ``enqueue_many`` relies on
+  SQLAlchemy folding its executemany into multi-row ``INSERT`` statements
+  without ``OUTPUT``. A user's audit trigger on the table breaks nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -34,18 +75,32 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import ReturningDialect, ServerInfo, SessionLimits
 from outbox_core.errors import UnsupportedDatabase
+from outbox_core.message import Event, State
+from outbox_core.schema import in_state
 
 if TYPE_CHECKING:
     from outbox_core.doctor import Check
 
 
 MIN_VERSION = (13,)  # SQL Server 2016
-CLAIM_HINT = "WITH (ROWLOCK, UPDLOCK, READPAST)"
+#: The claim's read: row locks, held to commit, skipping rows other claims hold.
+#: READCOMMITTEDLOCK makes READPAST legal when READ_COMMITTED_SNAPSHOT is on.
+CLAIM_HINT = "WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)"
+#: Reading a claim's rows back: its own (locked by itself) are visible, other
+#: claims' uncommitted rows are skipped instead of waited for.
+READ_BACK_HINT = "WITH (READPAST, READCOMMITTEDLOCK)"
+#: The SET options a connection needs to write a table with filtered indexes.
+FILTERED_INDEX_OPTIONS = (
+    "SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, "
+    "QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF"
+)
+#: Run by ``install`` (and printed by ``outbox doctor``): no escalation to a table lock.
+DISABLE_LOCK_ESCALATION = "ALTER TABLE %(fullname)s SET (LOCK_ESCALATION = DISABLE)"
 _MAX_MS = 2**31 - 1
 
 
 class MssqlDialect(ReturningDialect):
-    """SQL Server strategy: ``READPAST`` CTE updated in place with ``OUTPUT``."""
+    """SQL Server strategy: a ``READPAST`` CTE updated in place, its rows read back by token."""
 
     name: ClassVar[str] = "mssql"
     analyze_sql: ClassVar[str] = "UPDATE STATISTICS {table}"
@@ -70,7 +125,7 @@ class MssqlDialect(ReturningDialect):
         return sa.func.dateadd(sa.literal_column("millisecond"), ms, expr, type_=sa.DateTime())
 
     def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
-        """``SET LOCK_TIMEOUT`` (milliseconds) on a relay connection.
+        """``SET LOCK_TIMEOUT`` (milliseconds) and the filtered indexes' SET options.
 
         SQL Server has no idle-in-transaction timeout: a relay frozen inside a
         transaction keeps its locks until its TCP connection dies. Claims and
@@ -81,6 +136,7 @@ class MssqlDialect(ReturningDialect):
         with conn.begin():
             # SET LOCK_TIMEOUT takes a constant, not a parameter; this is an int.
             conn.execute(sa.text(f"SET LOCK_TIMEOUT {round(limits.lock_wait * 1000):d}"))
+            conn.execute(sa.text(FILTERED_INDEX_OPTIONS))
 
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """The driver's connect timeout, in whole seconds."""
@@ -127,9 +183,61 @@ class MssqlDialect(ReturningDialect):
                 f"SQL Server {found} is too old: the outbox needs SQL Server 2016 (13.0) or newer"
             )
 
+    def check_ordered(self, conn: Connection) -> None:
+        """Ordered claims need READ_COMMITTED_SNAPSHOT on (see the module docstring)."""
+        if not read_committed_snapshot(conn):
+            database = conn.dialect.identifier_preparer.quote_identifier(_database_name(conn))
+            raise UnsupportedDatabase(
+                "ordered relays need READ_COMMITTED_SNAPSHOT ON: without it the head-of-key "
+                "reads wait for other claims' row locks and concurrent claims can deadlock; "
+                f"run ALTER DATABASE {database} SET READ_COMMITTED_SNAPSHOT ON "
+                "WITH ROLLBACK IMMEDIATE"
+            )
+
+    def install(self, conn: Connection) -> None:
+        """Create the tables, then turn lock escalation off for the outbox table."""
+        super().install(conn)
+        with conn.begin():
+            conn.execute(self.disable_lock_escalation())
+
+    def disable_lock_escalation(self) -> sa.ExecutableDDLElement:
+        """``ALTER TABLE <outbox> SET (LOCK_ESCALATION = DISABLE)``."""
+        ddl = sa.DDL(DISABLE_LOCK_ESCALATION)  # type: ignore[no-untyped-call]
+        return ddl.against(self.table)
+
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
-        """``WITH (ROWLOCK, UPDLOCK, READPAST)`` on the outbox table (not on the ``p`` alias)."""
+        """``WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)`` on the outbox table."""
         return select.with_hint(self.table, CLAIM_HINT, "mssql")
+
+    def claimed_rows(self) -> sa.Select[Any]:
+        """The rows the claim under ``:o_token`` leased, in id order (its own locks: visible)."""
+        t = self.table
+        return (
+            sa.select(*self.claim_columns(t))
+            .where(
+                in_state(t.c.state, State.LEASED),
+                t.c.lease_owner == sa.bindparam("o_token", type_=t.c.lease_owner.type),
+            )
+            .order_by(t.c.id)
+            .with_hint(t, READ_BACK_HINT, "mssql")
+        )
+
+    def claim_returning(
+        self,
+        conn: Connection,
+        stmt: sa.Executable,
+        token: str,
+        params: dict[str, Any] | None = None,
+    ) -> list[Event]:
+        """Lease with a plain ``UPDATE``, then read the leased rows back by token (no OUTPUT)."""
+        with self.transaction(conn):
+            conn.execute(stmt, params)
+            rows = conn.execute(self._read_back, {"o_token": token}).all()
+        return [self.to_event(r, token) for r in rows]
+
+    @functools.cached_property
+    def _read_back(self) -> sa.Select[Any]:
+        return self.claimed_rows()
 
     def claim_statement(
         self,
@@ -140,7 +248,7 @@ class MssqlDialect(ReturningDialect):
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
     ) -> sa.Update:
-        """The claim: an updatable CTE read with ``READPAST``, leased with ``OUTPUT``."""
+        """The claim: an updatable CTE read with ``READPAST``; the rows are read back by token."""
         t = self.table
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]
         picked = self.lock_rows(
@@ -152,13 +260,8 @@ class MssqlDialect(ReturningDialect):
         # UPDATE c, not UPDATE outbox: the update goes through the CTE's rows,
         # so only the rows it locked are touched.
         c = sa.table("c", *(sa.column(col.name, col.type) for col in cols))
-        returned = [c.c[col.name] for col in self.claim_columns(t)]
-        return (
-            sa.update(c)
-            .values(self.lease_values(lease=lease, token=token, target=c))
-            .returning(*returned)
-            .add_cte(picked)
-        )
+        lease_it = self.lease_values(lease=lease, token=token, target=c)
+        return sa.update(c).values(lease_it).add_cte(picked)
 
     def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
         """``INSERT ... SELECT ... WHERE NOT EXISTS (... WITH (UPDLOCK, HOLDLOCK) ...)``.
@@ -182,3 +285,28 @@ class MssqlDialect(ReturningDialect):
             self.now(),
         ).where(~existing.exists())
         return sa.insert(t).from_select(["consumer", "event_id", "processed_at"], row)
+
+
+def read_committed_snapshot(conn: Connection) -> bool:
+    """Is READ_COMMITTED_SNAPSHOT on for the connection's database?"""
+    on = SYS_DATABASES.c.is_read_committed_snapshot_on
+    return bool(conn.execute(this_database(on)).scalar())
+
+
+def _database_name(conn: Connection) -> str:
+    return str(conn.execute(sa.select(sa.func.db_name())).scalar())
+
+
+#: The catalog view of databases (its options: RCSI, snapshot isolation).
+SYS_DATABASES = sa.table(
+    "databases",
+    sa.column("name"),
+    sa.column("is_read_committed_snapshot_on"),
+    sa.column("snapshot_isolation_state_desc"),
+    schema="sys",
+)
+
+
+def this_database(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """``SELECT <columns> FROM sys.databases WHERE name = DB_NAME()``."""
+    return sa.select(*columns).where(SYS_DATABASES.c.name == sa.func.db_name())

@@ -1,0 +1,198 @@
+"""SQL Server, hardened from Microsoft's documentation (cited in ``dialects/mssql``).
+
+No SQL Server runs here: each decision is checked on the SQL the dialect
+compiles and sends, through a connection that records it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mssql
+
+from outbox_core.dialects.base import SessionLimits, get_dialect
+from outbox_core.dialects.mssql import (
+    FILTERED_INDEX_OPTIONS,
+    MssqlDialect,
+    read_committed_snapshot,
+)
+from outbox_core.errors import UnsupportedDatabase
+from outbox_core.schema import OutboxTables
+
+DRIVER = mssql.dialect()
+
+
+def sql_of(stmt: Any) -> str:
+    if isinstance(stmt, str):
+        return stmt
+    return " ".join(str(stmt.compile(dialect=DRIVER)).split())
+
+
+def make(schema: str | None = None) -> MssqlDialect:
+    dialect = get_dialect("mssql")(OutboxTables.create(schema=schema))
+    assert isinstance(dialect, MssqlDialect)
+    return dialect
+
+
+class _Result:
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+        self.rowcount = len(rows)
+
+    def all(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def scalar(self) -> Any:
+        return self.rows[0][0] if self.rows else None
+
+    def scalars(self) -> Iterator[Any]:
+        return iter(r[0] for r in self.rows)
+
+
+class Recorder:
+    """A connection that records the SQL it is given and answers from a script."""
+
+    def __init__(self, *answers: list[tuple[Any, ...]]) -> None:
+        self.sent: list[str] = []
+        self.answers = list(answers)
+        self.dialect = DRIVER
+
+    def in_transaction(self) -> bool:
+        return False
+
+    def begin(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def execute(self, stmt: Any, params: Any = None) -> _Result:
+        self.sent.append(sql_of(stmt))
+        return _Result(self.answers.pop(0) if self.answers else [])
+
+
+# -- READPAST under READ_COMMITTED_SNAPSHOT needs READCOMMITTEDLOCK ---------------------------
+
+
+def test_every_readpast_read_also_reads_with_readcommittedlock() -> None:
+    d = make()
+    t = d.table
+    recorder = Recorder()
+    conn: Any = recorder
+    d.reap(conn, max_attempts=3)
+    d.cleanup(conn, older_than=60, batch=100)
+    d.claim(conn, limit=10, lease=30, token="t", ordered=False)
+    sent = [*recorder.sent, sql_of(d.lock_rows(sa.select(t.c.id)))]
+    hinted = [s for s in sent if "READPAST" in s]
+    assert len(hinted) >= 4, sent  # reap, cleanup, claim, read-back
+    for statement in hinted:
+        assert "READCOMMITTEDLOCK" in statement, statement
+
+
+# -- lock escalation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "name"), [(None, "outbox"), ("jobs", "jobs.outbox")], ids=["plain", "schema"]
+)
+def test_install_turns_lock_escalation_off_for_the_outbox_table(
+    schema: str | None, name: str
+) -> None:
+    d = make(schema)
+    assert sql_of(d.disable_lock_escalation()) == (
+        f"ALTER TABLE {name} SET (LOCK_ESCALATION = DISABLE)"
+    )
+
+
+def test_install_runs_the_alter_after_creating_the_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = make()
+    created: list[str] = []
+    monkeypatch.setattr(type(d).__mro__[1], "install", lambda self, conn: created.append("tables"))
+    recorder = Recorder()
+    conn: Any = recorder
+    d.install(conn)
+    assert created == ["tables"]
+    assert recorder.sent == ["ALTER TABLE outbox SET (LOCK_ESCALATION = DISABLE)"]
+
+
+def test_claims_lock_at_most_a_thousand_rows() -> None:
+    d = make()
+    stmt = d.claim_statement(limit=100_000, lease=30, token="t", ordered=False)
+    compiled = str(stmt.compile(dialect=DRIVER, compile_kwargs={"literal_binds": True}))
+    assert "TOP 1000" in compiled
+
+
+# -- plain reads in ordered claims: RCSI required ---------------------------------------------
+
+
+def test_ordered_relays_refuse_a_database_without_read_committed_snapshot() -> None:
+    d = make()
+    off: Any = Recorder([(0,)], [("shop",)])
+    with pytest.raises(UnsupportedDatabase, match=r"READ_COMMITTED_SNAPSHOT ON") as info:
+        d.check_ordered(off)
+    assert "ALTER DATABASE [shop] SET READ_COMMITTED_SNAPSHOT ON" in str(info.value)
+    assert off.sent[0] == (
+        "SELECT sys.databases.is_read_committed_snapshot_on FROM sys.databases "
+        "WHERE sys.databases.name = db_name()"
+    )
+    on: Any = Recorder([(1,)])
+    d.check_ordered(on)
+    assert read_committed_snapshot(Recorder([(1,)]))  # type: ignore[arg-type]
+
+
+def test_the_head_of_key_check_reads_without_skipping_or_locking() -> None:
+    """Its reads must see held rows (no READPAST) and, under RCSI, read versions (no UPDLOCK)."""
+    d = make()
+    sql = sql_of(d.claim_statement(limit=10, lease=30, token="t", ordered=True))
+    assert sql.count("READPAST") == 1 and sql.count("UPDLOCK") == 1
+    assert "FROM outbox AS p WHERE" in sql
+
+
+# -- filtered indexes: literals, and the SET options ------------------------------------------
+
+
+def test_relay_connections_set_the_options_filtered_indexes_need() -> None:
+    recorder = Recorder()
+    conn: Any = recorder
+    make().limit_session(conn, SessionLimits(idle_in_transaction=30, lock_wait=2))
+    assert recorder.sent == ["SET LOCK_TIMEOUT 2000", FILTERED_INDEX_OPTIONS]
+    for option in (
+        "ANSI_NULLS",
+        "ANSI_PADDING",
+        "ANSI_WARNINGS",
+        "ARITHABORT",
+        "CONCAT_NULL_YIELDS_NULL",
+        "QUOTED_IDENTIFIER",
+    ):
+        assert option in FILTERED_INDEX_OPTIONS.split("ON;")[0]
+    assert FILTERED_INDEX_OPTIONS.endswith("SET NUMERIC_ROUNDABORT OFF")
+
+
+def test_the_pending_index_is_filtered_on_a_literal_state() -> None:
+    d = make()
+    ddl = OutboxTables.create().ddl("mssql")
+    assert "CREATE INDEX ix_outbox_pending ON outbox (id) WHERE state = 0" in " ".join(ddl.split())
+    sql = sql_of(d.claim_statement(limit=10, lease=30, token="t", ordered=False))
+    assert "outbox.state = 0" in sql
+
+
+# -- triggers: no OUTPUT anywhere ---------------------------------------------------------------
+
+
+def test_a_claim_leases_with_a_plain_update_then_reads_its_rows_back_by_token() -> None:
+    d = make()
+    row = (7, "e-7", "t.x", None, {"a": 1}, None, 1, datetime(2026, 1, 1))
+    recorder = Recorder([], [row])
+    conn: Any = recorder
+    events = d.claim(conn, limit=10, lease=30, token="tok", ordered=False)
+    update, read_back = recorder.sent
+    assert update.startswith("WITH c AS (SELECT TOP") and "UPDATE c SET" in update
+    assert "OUTPUT" not in update
+    assert read_back.startswith("SELECT outbox.id")
+    assert "FROM outbox WITH (READPAST, READCOMMITTEDLOCK)" in read_back
+    assert "outbox.state = 1 AND outbox.lease_owner = :o_token" in read_back
+    assert read_back.endswith("ORDER BY outbox.id")
+    assert [e.id for e in events] == [7]
+    assert events[0].token == "tok"
