@@ -1,304 +1,195 @@
-"""The ``python -m compat_matrix`` command: run the suites per database, or merge results."""
+"""``python -m compat_matrix [run]`` and ``python -m compat_matrix merge`` (see the package)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
+import json
 import os
-import shlex
+import platform
+import sqlite3
+import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-import click
+from outbox_core.config import mask_url
+from outbox_core.verify.matrix import column_name, render_markdown
 
-from compat_matrix.cells import build_table
-from compat_matrix.features import SUITE_NAMES
-from compat_matrix.model import OK, Matrix, Source
-from compat_matrix.probe import (
-    Target,
-    check_url,
-    environment,
-    git_commit,
-    mask_url,
-    password_of,
-    slug,
+HERE = Path(__file__).resolve().parent
+#: Flag (and ``OUTBOX_TEST_<NAME>_URL``) per server family, in column order.
+FAMILIES = ("postgresql", "mysql", "mssql")
+#: Distributions whose versions the matrix reports.
+DISTRIBUTIONS = (
+    "outbox-toolkit",
+    "SQLAlchemy",
+    "psycopg",
+    "PyMySQL",
+    "pyodbc",
+    "hypothesis",
 )
-from compat_matrix.render import console, load, write
-from compat_matrix.runner import Options, run_matrix
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-#: Database backends that take URLs, with the environment variable each falls back to.
-URL_BACKENDS: dict[str, str] = {
-    "postgresql": "OUTBOX_TEST_POSTGRESQL_URL",
-    "mysql": "OUTBOX_TEST_MYSQL_URL",
-    "mssql": "OUTBOX_TEST_MSSQL_URL",
-}
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def verify_row(url: str, mode: str, only: Sequence[str] = ()) -> dict[str, Any]:
+    """``outbox verify --db URL --json`` in a subprocess; its row, or a row saying why none came.
 
-
-def _root() -> Path:
-    for candidate in (PACKAGE_DIR.parent, Path.cwd()):
-        if (candidate / "tests" / "contract").is_dir():
-            return candidate
-    raise click.ClickException(
-        "no tests/contract directory next to the compat_matrix package or in the current "
-        "directory: run from a checkout of outbox-toolkit"
-    )
-
-
-def masked_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """The command line as typed, preceded by the URL variables it used; passwords masked."""
-    prefix = [f"{name}={shlex.quote(mask_url(value))}" for name, value in (env or {}).items()]
-    masked = []
-    for arg in argv:
-        if "://" in arg:
-            if arg.startswith("--") and "=" in arg:
-                flag, _, url = arg.partition("=")
-                arg = f"{flag}={mask_url(url)}"
-            else:
-                arg = mask_url(arg)
-        masked.append(arg)
-    return " ".join([*prefix, "python -m compat_matrix", *map(shlex.quote, masked)])
-
-
-def _env_urls_used(urls: Mapping[str, Sequence[str]]) -> dict[str, str]:
-    """The ``OUTBOX_TEST_*_URL`` variables that supplied a URL (no flag for that backend)."""
-    return {
-        env_var: os.environ[env_var].strip()
-        for backend, env_var in URL_BACKENDS.items()
-        if not urls.get(backend) and os.environ.get(env_var, "").strip()
-    }
-
-
-def targets_from(sqlite: bool, urls: Mapping[str, Sequence[str]]) -> list[Target]:
-    """SQLite (unless turned off), then each backend's URLs, from the flags or the environment."""
-    targets = [Target("sqlite")] if sqlite else []
-    for backend, env_var in URL_BACKENDS.items():
-        given = list(urls.get(backend, ()))
-        if not given and os.environ.get(env_var, "").strip():
-            given = [os.environ[env_var].strip()]
-        for url in given:
-            try:
-                check_url(backend, url)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint=f"--{backend}") from exc
-            targets.append(Target(backend, url))
-    return targets
-
-
-@click.group(
-    invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-)
-@click.option(
-    "--postgresql",
-    "postgresql_urls",
-    multiple=True,
-    metavar="URL",
-    help="PostgreSQL to test (repeatable). Default: $OUTBOX_TEST_POSTGRESQL_URL if set.",
-)
-@click.option(
-    "--mysql",
-    "mysql_urls",
-    multiple=True,
-    metavar="URL",
-    help="MySQL or MariaDB to test (repeatable). Default: $OUTBOX_TEST_MYSQL_URL if set.",
-)
-@click.option(
-    "--mssql",
-    "mssql_urls",
-    multiple=True,
-    metavar="URL",
-    help="SQL Server to test (repeatable). Default: $OUTBOX_TEST_MSSQL_URL if set.",
-)
-@click.option(
-    "--no-sqlite", is_flag=True, help="Leave out the SQLite column (always run otherwise)."
-)
-@click.option(
-    "--rabbitmq",
-    metavar="URL",
-    help="RabbitMQ for the broker suite (sets OUTBOX_TEST_RABBITMQ_URL for the runs).",
-)
-@click.option(
-    "--suite",
-    "suites",
-    multiple=True,
-    type=click.Choice(SUITE_NAMES),
-    help="Suite to run (repeatable). Default: all of them.",
-)
-@click.option(
-    "--pytest-args",
-    default="",
-    metavar="ARGS",
-    help='Extra pytest arguments for every run, as one shell-quoted string, e.g. "-x -k claim".',
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=1800.0,
-    show_default=True,
-    help="Wall-clock limit in seconds for one pytest run (one suite on one database); the run "
-    "is then stopped and the tests it did not report fail.",
-)
-@click.option(
-    "--connect-timeout",
-    type=click.FloatRange(min=1),
-    default=5.0,
-    show_default=True,
-    help="Seconds to wait for a server when probing its version.",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=PACKAGE_DIR,
-    show_default="the compat_matrix package directory",
-    help="Where to write MATRIX.md and matrix.json.",
-)
-@click.option(
-    "--logs",
-    "log_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Keep each run's pytest output and raw results here (default: a temporary directory).",
-)
-@click.option(
-    "--strict",
-    is_flag=True,
-    help="Also exit non-zero when a configured server is unreachable or unsupported.",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Show pytest's output as it runs.")
-@click.pass_context
-def main(
-    ctx: click.Context,
-    postgresql_urls: tuple[str, ...],
-    mysql_urls: tuple[str, ...],
-    mssql_urls: tuple[str, ...],
-    no_sqlite: bool,
-    rabbitmq: str | None,
-    suites: tuple[str, ...],
-    pytest_args: str,
-    timeout: float,
-    connect_timeout: float,
-    out_dir: Path,
-    log_dir: Path | None,
-    strict: bool,
-    verbose: bool,
-) -> None:
-    """Run the contract, broker and property suites against every configured database.
-
-    SQLite always; PostgreSQL, MySQL/MariaDB and SQL Server from the URL flags
-    or the OUTBOX_TEST_*_URL variables. Each column is named by the server
-    version found. Writes MATRIX.md and matrix.json; exits 1 when any cell
-    failed. `merge` combines matrix.json files from several runs.
+    The URL travels in the environment (``OUTBOX_DATABASE_URL``), not in argv.
     """
-    if ctx.invoked_subcommand is not None:
-        return
-    root = _root()
-    urls = {"postgresql": postgresql_urls, "mysql": mysql_urls, "mssql": mssql_urls}
-    targets = targets_from(not no_sqlite, urls)
-    if not targets:
-        raise click.UsageError("nothing to test: --no-sqlite and no database URL")
+    args = [sys.executable, "-m", "outbox_core.cli", "verify", "--json"]
+    if mode != "default":
+        args.append(f"--{mode}")
+    for name in only:
+        args += ["--only", name]
+    env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800)
     try:
-        extra_args = shlex.split(pytest_args)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--pytest-args") from exc
-    chosen = [s for s in SUITE_NAMES if not suites or s in suites]
-    env = {"OUTBOX_TEST_RABBITMQ_URL": rabbitmq} if rabbitmq else {}
-    secrets = [p for p in (password_of(t.url) for t in targets if t.url) if p]
-    rabbit_password = password_of(rabbitmq) if rabbitmq else None
-    if rabbit_password and rabbit_password != "guest":
-        secrets.append(rabbit_password)
-
-    def echo(message: str) -> None:
-        click.echo(message, err=True)
-
-    source = Source(
-        generated_at=_now(),
-        commit=git_commit(root),
-        command=masked_command(sys.argv[1:], _env_urls_used(urls)),
-        environment=environment(),
-    )
-    with tempfile.TemporaryDirectory(prefix="compat-matrix-") as tmp:
-        options = Options(
-            root=root,
-            log_dir=log_dir or Path(tmp),
-            timeout=timeout,
-            pytest_args=extra_args,
-            env=env,
-            verbose=verbose,
-            secrets=secrets,
-            connect_timeout=connect_timeout,
-        )
-        databases = run_matrix(targets, chosen, options, echo)
-    matrix = Matrix(generated_at=source.generated_at, suites=chosen, sources=[source])
-    matrix.databases = databases
-    table = build_table(matrix)
-    md_path, json_path = write(matrix, table, out_dir)
-    click.echo(console(matrix, table))
-    for warning in table.warnings:
-        echo(f"warning: {warning}")
-    echo(f"wrote {md_path} and {json_path}")
-    failed = table.failed()
-    if strict and any(db.status != OK for db in databases):
-        echo("--strict: a configured database was unreachable or unsupported")
-        failed = True
-    ctx.exit(1 if failed else 0)
+        row: dict[str, Any] = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        reason = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")[-500:]
+        return {
+            "url": mask_url(url),
+            "server": "unverified",
+            "version": mask_url(url),
+            "mode": mode,
+            "results": [],
+            "seconds": 0.0,
+            "ok": False,
+            "error": reason,
+        }
+    return row
 
 
-def merge_matrices(matrices: Sequence[Matrix]) -> Matrix:
-    """One matrix with every column of ``matrices`` (names kept unique), cells recomputed."""
-    suites = [s for s in SUITE_NAMES if any(s in m.suites for m in matrices)]
-    merged = Matrix(generated_at=_now(), suites=suites)
-    used: set[str] = set()
-    for matrix in matrices:
-        offset = len(merged.sources)
-        merged.sources.extend(matrix.sources)
-        for db in matrix.databases:
-            db.source += offset
-            base, n = db.column, 2
-            while db.column in used:
-                db.column = f"{base} #{n}"
-                n += 1
-            used.add(db.column)
-            db.key = slug(db.column)
-            merged.databases.append(db)
-    return merged
-
-
-@main.command()
-@click.argument(
-    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=PACKAGE_DIR,
-    show_default="the compat_matrix package directory",
-    help="Where to write the merged MATRIX.md and matrix.json.",
-)
-@click.pass_context
-def merge(ctx: click.Context, files: tuple[Path, ...], out_dir: Path) -> None:
-    """Merge matrix.json FILES (e.g. one per CI job) into one matrix.
-
-    The cells are recomputed from the recorded test results with the current
-    feature table. Exits 1 when any merged cell failed.
-    """
-    matrices = []
-    for path in files:
+def environment() -> dict[str, str]:
+    """Python, SQLite and the library versions of this run."""
+    env = {
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+    for name in DISTRIBUTIONS:
         try:
-            matrices.append(load(path))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise click.ClickException(f"{path}: {exc}") from exc
-    matrix = merge_matrices(matrices)
-    table = build_table(matrix)
-    md_path, json_path = write(matrix, table, out_dir)
-    click.echo(console(matrix, table))
-    for warning in table.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    click.echo(f"wrote {md_path} and {json_path} from {len(files)} files", err=True)
-    ctx.exit(1 if table.failed() else 0)
+            env[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return env
+
+
+def git_commit() -> str:
+    """The checkout's commit (with ``+changes`` when the tree is dirty), or ``unknown``."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+changes" if dirty else "")
+
+
+def render(runs: Sequence[dict[str, Any]]) -> str:
+    """``MATRIX.md``: how it was made, then the merged matrix of every run's rows."""
+    rows = [row for run in runs for row in run["rows"]]
+    lines = [
+        "# Compatibility matrix",
+        "",
+        "Generated by `python -m compat_matrix` from `outbox verify --json` rows, the same "
+        "check users run on their own servers (`docs/ci.md`); do not edit by hand. Each "
+        "guarantee runs on temporary tables of the server named by its column.",
+        "",
+    ]
+    for index, run in enumerate(runs, 1):
+        if len(runs) > 1:
+            lines += [f"## Run {index}: {', '.join(column_name(r) for r in run['rows'])}", ""]
+        lines += [
+            f"- date: {run['date']}",
+            f"- commit: `{run['commit']}`",
+            f"- command: `{run['command']}`",
+            "- " + ", ".join(f"{k} {v}" for k, v in run["environment"].items()),
+        ]
+        for row in run["rows"]:
+            if row.get("error"):
+                lines.append(f"- {row['version']} could not be verified: {row['error']}")
+        lines.append("")
+    lines += ["## Matrix", "", render_markdown(rows)]
+    return "\n".join(lines)
+
+
+def write(runs: Sequence[dict[str, Any]], out: Path) -> None:
+    """``matrix.json`` and ``MATRIX.md`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "matrix.json").write_text(json.dumps(list(runs), indent=2) + "\n", encoding="utf-8")
+    (out / "MATRIX.md").write_text(render(runs), encoding="utf-8")
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Verify SQLite and every configured server; write the matrix."""
+    urls: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="compat-") as tmp:
+        if args.sqlite:
+            urls.append(f"sqlite:///{Path(tmp) / 'matrix.db'}")
+        for family in FAMILIES:
+            given = getattr(args, family) or []
+            env = os.environ.get(f"OUTBOX_TEST_{family.upper()}_URL")
+            urls += given or ([env] if env else [])
+        rows = []
+        for url in urls:
+            print(f"compat_matrix: verifying {mask_url(url)} ({args.mode})", file=sys.stderr)
+            rows.append(verify_row(url, args.mode, args.only or ()))
+    command = " ".join(["python -m compat_matrix", *(mask_url(a) for a in argv)])
+    runs = [
+        {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "commit": git_commit(),
+            "command": command.strip(),
+            "environment": environment(),
+            "rows": rows,
+        }
+    ]
+    write(runs, Path(args.out))
+    print(render_markdown(rows))
+    return _exit_code(rows)
+
+
+def _exit_code(rows: Sequence[dict[str, Any]]) -> int:
+    """1 when a guarantee failed or a server could not be verified at all."""
+    return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
+def merge(args: argparse.Namespace) -> int:
+    """Merge the ``matrix.json`` of several runs into one matrix."""
+    runs = []
+    for path in args.files:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        runs += data if isinstance(data, list) else [data]
+    write(runs, Path(args.out))
+    rows = [row for run in runs for row in run["rows"]]
+    print(render_markdown(rows))
+    return _exit_code(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m compat_matrix``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        parser = argparse.ArgumentParser(prog="python -m compat_matrix merge")
+        parser.add_argument("files", nargs="+", help="matrix.json files of several runs")
+        parser.add_argument("--out", default=str(HERE), help="where MATRIX.md is written")
+        sys.exit(merge(parser.parse_args(argv[1:])))
+    parser = argparse.ArgumentParser(prog="python -m compat_matrix")
+    for family in FAMILIES:
+        parser.add_argument(f"--{family}", action="append", metavar="URL", help="repeatable")
+    parser.add_argument("--no-sqlite", dest="sqlite", action="store_false")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--quick", dest="mode", action="store_const", const="quick")
+    modes.add_argument("--thorough", dest="mode", action="store_const", const="thorough")
+    parser.set_defaults(mode="default")
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="verify only this guarantee (repeatable)"
+    )
+    parser.add_argument("--out", default=str(HERE), help="where MATRIX.md and matrix.json go")
+    sys.exit(run(parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv), argv))

@@ -1,6 +1,6 @@
 """The ``outbox`` command.
 
-Every command takes ``--db`` (default ``OUTBOX_DATABASE_URL`` or the
+Every command that works on a database takes ``--db`` (default ``OUTBOX_DATABASE_URL`` or the
 ``database_url`` of ``outbox.toml``); ``relay`` also takes ``--broker``
 (``OUTBOX_BROKER_URL``). URLs are printed and logged with their password
 masked.
@@ -213,7 +213,7 @@ def relay(
     # then the database and the table; the broker connects on its first batch.
     relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
     try:
-        outbox.check()
+        outbox.check(ordered=settings.ordered)
     except BaseException:
         relay.close()
         raise
@@ -605,7 +605,13 @@ def migrate_command(
 
 
 @main.command("verify")
-@click.option("--db", "database_url", required=True, help="Database URL of the server to prove.")
+@click.option(
+    "--db",
+    "database_url",
+    envvar="OUTBOX_DATABASE_URL",
+    required=True,
+    help="Database URL of the server to prove [env OUTBOX_DATABASE_URL].",
+)
 @click.option(
     "--broker",
     "broker_url",
@@ -671,6 +677,23 @@ def verify_command(
     if junit_file:
         Path(junit_file).write_text(render_junit(report), encoding="utf-8")
     if not report.ok or (broker is not None and not broker["up"]):
+        sys.exit(1)
+
+
+@main.command("matrix")
+@click.argument("rows", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@handle_errors
+def matrix_command(rows: tuple[str, ...]) -> None:
+    """Merge ``outbox verify --json`` outputs into one Markdown matrix (exit 1 if one failed).
+
+    One column per server, one row per guarantee: paste it into a CI job
+    summary (docs/ci.md).
+    """
+    from outbox_core.verify.matrix import load_rows, render_markdown
+
+    loaded = load_rows(rows)
+    click.echo(render_markdown(loaded), nl=False)
+    if not all(r.get("ok", True) for r in loaded):
         sys.exit(1)
 
 

@@ -104,11 +104,15 @@ class SqliteDialect(ReturningDialect):
                 "or newer (UPDATE ... RETURNING)"
             )
 
+    def shared_by_processes(self, url: URL) -> bool:
+        """A file is; an in-memory database belongs to one connection of one process."""
+        return url.database not in (None, "", ":memory:") and "mode=memory" not in str(url)
+
     def install(self, conn: Connection) -> None:
         """Create the tables and switch a file database to WAL (persistent)."""
         if conn.in_transaction():
             conn.commit()
-        if conn.engine.url.database not in (None, "", ":memory:"):
+        if self.shared_by_processes(conn.engine.url):
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             conn.commit()
         super().install(conn)

@@ -37,12 +37,12 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_core import Outbox, State
+from outbox_core.verify import sink
 from tests.chaos.test_chaos import Consumer
 from tests.contract.broker_fixtures import SECRET, RabbitState, TcpProxy, WebhookServer
-from tests.faults import sink
 
 OUTAGE = float(os.environ.get("OUTBOX_FAULT_OUTAGE", "60"))
-SINK_BROKER = "python://tests.faults.sink:publish"
+SINK_BROKER = "python://outbox_core.verify.sink:publish"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -303,7 +303,7 @@ def test_sigstopped_relay_never_stalls_another(
     faults = tmp_path / "faults"
     faults.mkdir()
     env = relay_env(
-        OUTBOX_FAULT_SINK=str(sink_file),
+        OUTBOX_VERIFY_SINK=str(sink_file),
         OUTBOX_FAULT_DIR=str(faults),
         OUTBOX_CLEANUP_AFTER="1s",
         OUTBOX_CLEANUP_INTERVAL="0.3",
@@ -390,7 +390,7 @@ def test_relay_frozen_inside_a_claim_loses_its_rows_within_the_lease(
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "freeze-claim").touch()  # the victim's first claim holds its rows, frozen
-    env = relay_env(OUTBOX_FAULT_SINK=str(sink_file), OUTBOX_FAULT_DIR=str(faults))
+    env = relay_env(OUTBOX_VERIFY_SINK=str(sink_file), OUTBOX_FAULT_DIR=str(faults))
     committed = produce(outbox, 200)
     knobs = ("--lease", f"{lease}s", "--batch-size", "100")
     victim = Child(
@@ -430,8 +430,8 @@ def test_publishing_at_065_of_the_lease_makes_no_dead_and_few_duplicates(
     lease = 2.0
     sink_file = tmp_path / "sink.txt"
     env = relay_env(
-        OUTBOX_FAULT_SINK=str(sink_file),
-        OUTBOX_FAULT_PUBLISH_SECONDS=str(0.65 * lease),
+        OUTBOX_VERIFY_SINK=str(sink_file),
+        OUTBOX_VERIFY_PUBLISH_SECONDS=str(0.65 * lease),
         OUTBOX_MAX_ATTEMPTS="2",
     )
     committed = produce(outbox, 400)

@@ -14,7 +14,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from outbox_core import Outbox
 from outbox_core.dialects.base import Dialect
-from tests.property.machine import LockWait, machine_for
+from outbox_core.verify.machine import LockWait, machine_for
 from tests.support import bound_lock_waits
 
 
@@ -33,7 +33,7 @@ def machine_outbox(backend: str, outbox: Outbox) -> Iterator[Outbox]:
 def test_guarantees_hold(
     backend: str, machine_outbox: Outbox, ordered: bool, run_length: int
 ) -> None:
-    machine = machine_for(machine_outbox, backend, ordered=ordered, run_length=run_length)
+    machine = machine_for(machine_outbox, ordered=ordered, run_length=run_length)
     run_state_machine_as_test(machine)
 
 
@@ -60,7 +60,7 @@ def test_finds_missing_head_of_key_check(backend: str, machine_outbox: Outbox) -
         run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows},
         key_window=lambda self, conn, **kw: sa.true(),
     )
-    machine = machine_for(machine_outbox, backend, ordered=True, dialect=broken)
+    machine = machine_for(machine_outbox, ordered=True, dialect=broken)
     with pytest.raises(AssertionError, match=r"unsent|first delivered after|run of .* too long"):
         run_state_machine_as_test(machine, settings=FIND_BUG)
 
@@ -78,7 +78,7 @@ def test_finds_runs_that_skip_a_held_head(backend: str, machine_outbox: Outbox) 
         run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows},
         _key_cursor=property(lambda self: None, lambda self, value: None),
     )
-    machine = machine_for(machine_outbox, backend, ordered=True, dialect=broken, run_length=3)
+    machine = machine_for(machine_outbox, ordered=True, dialect=broken, run_length=3)
     with pytest.raises(AssertionError, match=r"unsent|first delivered after|run of .* too long"):
         run_state_machine_as_test(machine, settings=FIND_RARE_BUG)
 
@@ -92,6 +92,6 @@ def test_finds_claims_without_skip_locked(backend: str, machine_outbox: Outbox) 
     broken = _broken(
         machine_outbox.dialect, lock_rows=lambda self, select: select.with_for_update()
     )
-    machine = machine_for(machine_outbox, backend, ordered=False, dialect=broken)
+    machine = machine_for(machine_outbox, ordered=False, dialect=broken)
     with pytest.raises(LockWait):
         run_state_machine_as_test(machine, settings=FIND_BUG)

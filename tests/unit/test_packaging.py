@@ -124,6 +124,25 @@ def test_the_installed_wheel_verifies_a_server_with_no_checkout(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert " 0 failed" in done.stdout
+    # Every guarantee ran, the SIGKILL run with real relay processes among them...
+    assert "PASS  state-machine" in done.stdout
+    assert "SIGKILLs" in done.stdout or "SKIP  sigkill" in done.stdout
+    # ...and none of those processes outlived it.
+    assert not verify_relays(), "relay processes of the SIGKILL run were left running"
+
+
+def verify_relays() -> list[int]:
+    """Pids of ``outbox relay`` processes started by a verify SIGKILL run (Linux /proc)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"outbox_core.cli\0relay" in cmdline and b"/outbox-verify-" in environ:
+            found.append(int(proc.name))
+    return found
 
 
 def test_a_project_with_its_own_brokers_and_dialects_packages_works(

@@ -343,6 +343,51 @@ def inbox_insert_if_absent(ctx: Context) -> None:
     expect(sorted(firsts) == [False, False, False, True], f"record() returned {firsts}")
 
 
+#: Per mode: examples per machine, steps per example (hypothesis' bounds).
+MACHINE_BUDGET = {"quick": (6, 20), "default": (40, 30), "thorough": (300, 60)}
+
+
+def state_machine(ctx: Context) -> str:
+    """Random interleavings of producers and three relays keep every guarantee (hypothesis).
+
+    The machine (:mod:`outbox_core.verify.machine`) commits and rolls back,
+    claims (holding some claims' transactions open while others claim),
+    publishes with ok / retry / reject outcomes, crashes relays, expires
+    leases, reaps, releases and cleans up, checking a model of the table
+    after every step; once unordered, once ordered, once with runs of three.
+    """
+    try:
+        from hypothesis import HealthCheck, settings
+        from hypothesis.reporting import with_reporter
+        from hypothesis.stateful import run_state_machine_as_test
+
+        from outbox_core.verify.machine import machine_for
+    except ImportError:
+        raise Skip("needs hypothesis: pip install 'outbox-toolkit[verify]'") from None
+    examples, steps = MACHINE_BUDGET.get(ctx.mode, MACHINE_BUDGET["default"])
+    budget = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,  # write no .hypothesis folder into the user's directory
+        suppress_health_check=list(HealthCheck),
+    )
+    for label, ordered, run_length in MACHINES:
+        machine = machine_for(ctx.outbox, ordered=ordered, run_length=run_length)
+        report: list[object] = []
+        try:
+            with with_reporter(report.append):
+                run_state_machine_as_test(machine, settings=budget)
+        except AssertionError as exc:
+            steps_seen = "\n".join(str(line) for line in report[-25:])
+            raise Failed(f"{label}: {exc}\n{steps_seen}".rstrip()) from None
+    return f"{len(MACHINES)} machines x {examples} examples of up to {steps} steps"
+
+
+#: The machines run: (label, ordered, run_length).
+MACHINES = [("unordered", False, 1), ("ordered", True, 1), ("ordered runs of 3", True, 3)]
+
+
 def _run_threads(target: Callable[[int], None], n: int) -> None:
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
@@ -353,8 +398,15 @@ def _run_threads(target: Callable[[int], None], n: int) -> None:
             raise Failed("a check's connection hung for two minutes")
 
 
-#: (name, the guarantee in words, check), in the order they run.
-GUARANTEES: list[tuple[str, str, Callable[[Context], None]]] = [
+def _sigkill(ctx: Context) -> str:
+    from outbox_core.verify.crash import relays_survive_sigkill
+
+    return relays_survive_sigkill(ctx)
+
+
+#: (name, the guarantee in words, check), in the order they run. A check
+#: returns None or a line saying what it did (shown with its verdict).
+GUARANTEES: list[tuple[str, str, Callable[[Context], str | None]]] = [
     ("atomic", "an event commits or rolls back with its transaction", atomic_with_the_transaction),
     ("disjoint-claims", "concurrent claims never return the same event", claims_are_disjoint),
     ("no-waiting", "a claim skips locked rows instead of waiting", claims_do_not_wait),
@@ -373,6 +425,16 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], None]]] = [
     ),
     ("dead-and-replay", "rejected events go dead until replayed", dead_and_replay),
     ("inbox", "exactly one consumer records an event", inbox_insert_if_absent),
+    (
+        "state-machine",
+        "random interleavings of producers and three relays keep every guarantee",
+        state_machine,
+    ),
+    (
+        "sigkill",
+        "relay processes killed with SIGKILL lose nothing and keep key order",
+        _sigkill,
+    ),
 ]
 
 
@@ -416,15 +478,14 @@ def _run_one(
     url: str,
     name: str,
     guarantee: str,
-    check: Callable[[Context], None],
+    check: Callable[[Context], str | None],
     mode: str,
 ) -> Result:
     outbox = make(url, f"outbox_verify_{uuid.uuid4().hex[:10]}")
     started = time.monotonic()
     try:
         outbox.install()
-        check(Context(outbox, mode))
-        status, detail = "pass", ""
+        status, detail = "pass", check(Context(outbox, mode)) or ""
     except Skip as exc:
         status, detail = "skip", str(exc)
     except Failed as exc:

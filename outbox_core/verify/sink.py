@@ -1,10 +1,13 @@
-"""A ``python://tests.faults.sink:publish`` broker for relay child processes.
+"""A ``python://outbox_core.verify.sink:publish`` broker for relay child processes.
 
-Appends ``<event id> <pid> <unix time>`` per delivered event to the file named
-by ``OUTBOX_FAULT_SINK`` (one ``write`` per batch on an ``O_APPEND`` file, so
-relays in several processes never interleave a line). With
-``OUTBOX_FAULT_PUBLISH_SECONDS`` each batch takes that long first: a slow
-broker.
+``outbox verify``'s SIGKILL run (and the fault suites) start real ``outbox
+relay`` processes with this broker. It appends ``<event id> <pid> <unix
+time>`` per delivered event to the file named by ``OUTBOX_VERIFY_SINK``: one
+``write`` per batch on an ``O_APPEND`` file, so relays in several processes
+never interleave a line, and the file's order is the order of publishing. A
+line written before a SIGKILL stays written (it is in the kernel, not in a
+Python buffer). With ``OUTBOX_VERIFY_PUBLISH_SECONDS`` each batch takes that
+long first: a slow broker.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 
 from outbox_core.message import Event
 
-_SLOW = float(os.environ.get("OUTBOX_FAULT_PUBLISH_SECONDS", "0") or 0)
+_SLOW = float(os.environ.get("OUTBOX_VERIFY_PUBLISH_SECONDS", "0") or 0)
 
 
 def publish(events: Sequence[Event]) -> None:
@@ -24,7 +27,7 @@ def publish(events: Sequence[Event]) -> None:
         time.sleep(_SLOW)
     now = time.time()
     lines = "".join(f"{e.event_id} {os.getpid()} {now:.3f}\n" for e in events)
-    fd = os.open(os.environ["OUTBOX_FAULT_SINK"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.environ["OUTBOX_VERIFY_SINK"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, lines.encode())
     finally:

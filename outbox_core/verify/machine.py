@@ -30,14 +30,16 @@ import sqlalchemy as sa
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from outbox_core import Outbox, State
-from outbox_core.dialects.base import Dialect
-from outbox_core.message import Event, Failure
-from tests.support import set_lock_timeout
+from outbox_core.dialects.base import Dialect, SessionLimits
+from outbox_core.message import Event, Failure, State
+from outbox_core.outbox import Outbox
 
 MAX_ATTEMPTS = 3
 KEYS = [None, "a", "b", "c"]
 LEASE = 60.0
+#: A claim that waits this long on another relay's row locks fails (it must skip them).
+#: The idle limit is long: the machine holds claim transactions open on purpose.
+LIMITS = SessionLimits(idle_in_transaction=3600, lock_wait=1)
 
 
 class LockWait(AssertionError):
@@ -81,7 +83,6 @@ class OutboxMachine(RuleBasedStateMachine):
 
     outbox: ClassVar[Outbox]
     dialect: ClassVar[Dialect]
-    backend: ClassVar[str]
     ordered: ClassVar[bool] = False
     #: Ordered mode: consecutive events of a key per claim (1: the head only).
     run_length: ClassVar[int] = 1
@@ -102,11 +103,12 @@ class OutboxMachine(RuleBasedStateMachine):
 
     @property
     def any_open(self) -> bool:
+        """A relay holds a claim's transaction open (its row locks held)."""
         return any(a.open_tx for a in self.all_actors)
 
     def _connect(self) -> sa.Connection:
         conn = self.dialect.connect(self.outbox.engine)
-        set_lock_timeout(conn, self.backend, 1)
+        self.dialect.limit_session(conn, LIMITS)
         return conn
 
     def _deliver(self, event: Event) -> None:
@@ -130,6 +132,7 @@ class OutboxMachine(RuleBasedStateMachine):
 
     @initialize()
     def start_relays(self) -> None:
+        """Three relays, each on its own connection."""
         self.all_actors = [Actor(f"r{i}", self._connect()) for i in (1, 2, 3)]
 
     @rule(
@@ -138,6 +141,7 @@ class OutboxMachine(RuleBasedStateMachine):
         commit=st.booleans(),
     )
     def produce(self, key: str | None, n: int, commit: bool) -> None:
+        """A business transaction writes ``n`` events of ``key``, then commits or rolls back."""
         ids: list[str] = []
         try:
             with self.outbox.engine.begin() as conn:
@@ -160,6 +164,7 @@ class OutboxMachine(RuleBasedStateMachine):
         hold_open=st.booleans(),
     )
     def claim(self, index: int, limit: int, hold_open: bool) -> None:
+        """A relay claims; with ``hold_open`` its transaction stays open, row locks held."""
         actor = self.all_actors[index]
         if actor.claim or actor.open_tx:
             return
@@ -222,6 +227,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.any_open)
     @rule(index=st.integers(0, 2))
     def commit_claim(self, index: int) -> None:
+        """A relay commits the claim it held open."""
         actor = self.all_actors[index]
         if actor.open_tx:
             actor.conn.commit()
@@ -234,6 +240,7 @@ class OutboxMachine(RuleBasedStateMachine):
         outcomes=st.lists(st.sampled_from(["ok", "ok", "retry", "reject"]), min_size=5, max_size=5),
     )
     def publish(self, index: int, outcomes: list[str]) -> None:
+        """A relay publishes its claim with these outcomes and settles it (fenced by its token)."""
         actor = self.all_actors[index]
         if not actor.claim:
             return
@@ -326,6 +333,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.any_open)
     @rule(index=st.integers(0, 2))
     def reap(self, index: int) -> None:
+        """Expired leases return to pending, or go dead after their last attempt."""
         actor = self.all_actors[index]
         expected = [e for e in self.events.values() if e.state is State.LEASED and e.expired]
         n = self.dialect.reap(actor.conn, max_attempts=MAX_ATTEMPTS)
@@ -337,6 +345,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.any_open)
     @rule(index=st.integers(0, 2))
     def release(self, index: int) -> None:
+        """A relay gives its claim back unpublished (no attempt spent)."""
         actor = self.all_actors[index]
         if not actor.claim or actor.token is None:
             return
@@ -355,6 +364,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.any_open)
     @rule(batch=st.integers(1, 4))
     def cleanup(self, batch: int) -> None:
+        """Sent history is removed in bounded batches (never an unsent row)."""
         with self.outbox.engine.connect() as conn:
             n = self.dialect.cleanup(conn, older_than=0, batch=batch)
         assert n <= batch
@@ -363,6 +373,7 @@ class OutboxMachine(RuleBasedStateMachine):
 
     @invariant()
     def database_matches_the_model(self) -> None:
+        """Every stored row's state and attempts match the model; nothing rolled back is stored."""
         t = self.outbox.table
         with self.outbox.engine.connect() as conn:
             rows = conn.execute(sa.select(t.c.event_id, t.c.state, t.c.attempts)).all()
@@ -382,6 +393,7 @@ class OutboxMachine(RuleBasedStateMachine):
             assert attempts == ev.attempts, f"event {ev.id} attempts {attempts} != {ev.attempts}"
 
     def teardown(self) -> None:
+        """Drain everything: each committed event was delivered or is kept dead."""
         try:
             if self.events or self.rolled_back:
                 self._drain()
@@ -446,7 +458,6 @@ class OutboxMachine(RuleBasedStateMachine):
 
 def machine_for(
     outbox: Outbox,
-    backend: str,
     *,
     ordered: bool,
     dialect: Dialect | None = None,
@@ -456,13 +467,11 @@ def machine_for(
     attrs: dict[str, Any] = {
         "outbox": outbox,
         "dialect": dialect or outbox.dialect,
-        "backend": backend,
         "ordered": ordered,
         "run_length": run_length,
     }
-    return type(
-        f"OutboxMachine_{backend}_{'ordered' if ordered else 'any'}", (OutboxMachine,), attrs
-    )
+    mode = f"runs{run_length}" if run_length > 1 else "ordered" if ordered else "any"
+    return type(f"OutboxMachine_{outbox.dialect.name}_{mode}", (OutboxMachine,), attrs)
 
 
 __all__ = ["LockWait", "OutboxMachine", "machine_for"]

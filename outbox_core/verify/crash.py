@@ -1,0 +1,277 @@
+"""``sigkill``: real ``outbox relay`` processes killed with SIGKILL while they work.
+
+Three ``outbox relay --ordered`` processes (one of them claiming runs of up to
+three events per key) publish to :mod:`outbox_core.verify.sink` while a
+producer commits events over a few keys, some of its transactions rolled
+back. Every half second or so one relay is killed with SIGKILL, at whatever
+it was doing (claiming, publishing, settling), and started again. When the
+producer is done the kills stop and the relays drain the table. Then:
+
+* every committed event was published (at least once);
+* no rolled-back event was ever published;
+* the first publication of each event follows commit order within its key;
+* nothing went dead, and every row is ``sent``.
+
+Killed relays publish some events again (at-least-once); the count is
+reported, not judged.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from outbox_core.message import State
+from outbox_core.verify import sink
+
+if TYPE_CHECKING:
+    from outbox_core.verify import Context
+
+#: Lease of the relay processes: a killed relay's events come back this soon.
+LEASE = "2s"
+RELAYS = 3
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much a run does: events committed, over how many seconds, how many kills at least."""
+
+    events: int
+    seconds: float
+    kills: int
+    keys: int
+
+
+SIZES = {
+    "quick": Size(events=300, seconds=6, kills=4, keys=10),
+    "default": Size(events=3000, seconds=20, kills=12, keys=30),
+    "thorough": Size(events=20_000, seconds=90, kills=60, keys=200),
+}
+
+
+class _Relays:
+    """``RELAYS`` relay processes; any of them can be killed and replaced."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.started = 0
+        self.procs = [self._start() for _ in range(RELAYS)]
+        self.up_since = [time.monotonic()] * RELAYS
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        args = [sys.executable, "-m", "outbox_core.cli", "relay"]
+        if self.started % 3 == 0:
+            args += ["--run-length", "3"]
+        with open(self.logs / f"relay-{self.started}.log", "wb") as log:
+            return subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill_one(self, rng: random.Random) -> int | None:
+        """SIGKILL a relay up for a second or more (past its imports), start another: its pid."""
+        now = time.monotonic()
+        ready = [i for i, t in enumerate(self.up_since) if now - t >= 1.0]
+        if not ready:
+            return None
+        index = rng.choice(ready)
+        victim = self.procs[index]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        self.procs[index] = self._start()
+        self.up_since[index] = time.monotonic()
+        return victim.pid
+
+    def failed(self) -> str | None:
+        """The log of a relay that exited on its own (none should), else None."""
+        for proc in self.procs:
+            if proc.poll() is not None:
+                return self._log_of(proc)
+        return None
+
+    def _log_of(self, proc: subprocess.Popen[bytes]) -> str:
+        index = self.procs.index(proc)
+        newest = sorted(self.logs.glob("relay-*.log"), key=lambda p: p.stat().st_mtime)
+        text = newest[-1].read_text(errors="replace") if newest else ""
+        return f"relay {index} exited with {proc.returncode}: {text.strip()[-600:]}"
+
+    def stop(self) -> list[str]:
+        """SIGTERM every relay; the complaints of those that did not exit 0.
+
+        A relay still importing Python when SIGTERM lands dies of it before
+        its handler is set, so only relays up for a few seconds are judged.
+        """
+        judged = [time.monotonic() - t > 5.0 for t in self.up_since]
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        bad = []
+        for proc, judge in zip(self.procs, judged, strict=True):
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                bad.append("a relay did not stop within 60 s of SIGTERM")
+                continue
+            if judge and code != 0:
+                bad.append(self._log_of(proc))
+        return bad
+
+
+def relays_survive_sigkill(ctx: Context) -> str:
+    """SIGKILLed relay processes lose nothing, publish nothing rolled back, keep key order."""
+    from outbox_core.verify import Failed, Skip, expect
+
+    if not hasattr(signal, "SIGKILL"):
+        raise Skip("this platform has no SIGKILL")
+    url = ctx.outbox.url
+    if not ctx.dialect.shared_by_processes(url):
+        raise Skip("an in-memory database cannot be shared with relay processes")
+    size = SIZES.get(ctx.mode, SIZES["default"])
+    rng = random.Random()
+    with tempfile.TemporaryDirectory(prefix="outbox-verify-") as tmp:
+        work = Path(tmp)
+        sink_file = work / "published.txt"
+        env = {
+            **os.environ,
+            # The URL goes in the environment, not argv: no password in `ps`.
+            "OUTBOX_DATABASE_URL": url.render_as_string(hide_password=False),
+            "OUTBOX_TABLE": ctx.outbox.table.name,
+            "OUTBOX_BROKER_URL": "python://outbox_core.verify.sink:publish",
+            "OUTBOX_VERIFY_SINK": str(sink_file),
+            # Publishing takes a moment, as with a real broker: kills land mid-batch too.
+            "OUTBOX_VERIFY_PUBLISH_SECONDS": "0.03",
+            "OUTBOX_ORDERED": "true",
+            "OUTBOX_LEASE": LEASE,
+            "OUTBOX_BATCH_SIZE": "50",
+            "OUTBOX_MAX_ATTEMPTS": "1000",
+            "OUTBOX_REAP_INTERVAL": "0.5",
+            "OUTBOX_POLL_INTERVAL": "0.05",
+            "OUTBOX_MAX_POLL_INTERVAL": "0.3",
+            "OUTBOX_BACKOFF_BASE": "0.2",
+            "OUTBOX_BACKOFF_CAP": "1",
+        }
+        env.pop("OUTBOX_CONFIG", None)
+        committed: dict[str, tuple[str, int]] = {}
+        rolled_back: set[str] = set()
+        produced = threading.Event()
+        errors: list[BaseException] = []
+        producer = threading.Thread(
+            target=_produce,
+            args=(ctx, size, rng, committed, rolled_back, produced, errors),
+            daemon=True,
+        )
+        relays = _Relays(env, work)
+        producer.start()
+        killed: list[int] = []
+        started = time.monotonic()
+        deadline = started + size.seconds + 120
+        complaints: list[str] = []
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.3, 0.8))
+                crashed = relays.failed()
+                if crashed:
+                    raise Failed(crashed)
+                records = sink.read(str(sink_file))
+                # A kill counts once the victim had published: it was at work.
+                working = {pid for _, pid, _ in records}
+                kills = sum(pid in working for pid in killed)
+                if not produced.is_set() or kills < size.kills:
+                    victim = relays.kill_one(rng)
+                    if victim is not None:
+                        killed.append(victim)
+                    continue
+                if {e for e, _, _ in records} >= committed.keys():
+                    break
+        finally:
+            complaints = relays.stop()
+            producer.join(30)
+        if errors:
+            raise errors[0]
+        elapsed = time.monotonic() - started
+        records = sink.read(str(sink_file))
+    first: set[str] = set()
+    last: dict[str, int] = {}
+    violations: list[str] = []
+    for event_id, _pid, _at in records:
+        if event_id in first:
+            continue
+        first.add(event_id)
+        if event_id not in committed:
+            continue
+        key, seq = committed[event_id]
+        if seq != last.get(key, -1) + 1:
+            violations.append(f"{key}: #{seq} after #{last.get(key)}")
+        last[key] = seq
+    working = {pid for _, pid, _ in records}
+    kills = sum(pid in working for pid in killed)
+    expect(kills >= size.kills, f"only {kills} SIGKILLs hit a relay at work in the time allowed")
+    lost = committed.keys() - first
+    expect(not (first & rolled_back), f"{len(first & rolled_back)} rolled-back events published")
+    expect(not (first - committed.keys() - rolled_back), "an event nobody wrote was published")
+    expect(not lost, f"{len(lost)} of {len(committed)} committed events never published")
+    expect(not violations, f"first publications out of key order: {violations[:3]}")
+    t = ctx.outbox.table
+    with ctx.outbox.engine.connect() as conn:
+        states: dict[int, int] = dict(
+            conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all()
+        )
+    left = {State(s).name.lower(): n for s, n in states.items() if s != State.SENT}
+    expect(not left, f"after the drain the table still has {left}")
+    expect(not complaints, f"a relay did not stop cleanly: {complaints[0] if complaints else ''}")
+    return (
+        f"{len(committed)} events over {size.keys} keys, {len(killed)} SIGKILLs "
+        f"({kills} of relays that had published), "
+        f"{len(records) - len(first)} published twice, {elapsed:.0f}s"
+    )
+
+
+def _produce(
+    ctx: Context,
+    size: Size,
+    rng: random.Random,
+    committed: dict[str, tuple[str, int]],
+    rolled_back: set[str],
+    done: threading.Event,
+    errors: list[BaseException],
+) -> None:
+    """Commit ``size.events`` events over ``size.seconds``, every tenth transaction rolled back."""
+    from outbox_core.verify import _RollBack
+
+    seq: dict[str, int] = {}
+    per_tx = 10
+    pause = size.seconds / max(size.events / per_tx, 1)
+    try:
+        while len(committed) < size.events:
+            batch: list[tuple[str, str, int]] = []
+            roll_back = rng.random() < 0.1
+            try:
+                with ctx.outbox.engine.begin() as conn:
+                    for _ in range(min(per_tx, size.events - len(committed))):
+                        key = f"k{rng.randrange(size.keys)}"
+                        n = seq.get(key, 0) if not roll_back else -1
+                        event_id = ctx.outbox.enqueue(conn, "verify.sigkill", {"n": n}, key=key)
+                        batch.append((event_id, key, n))
+                        if not roll_back:
+                            seq[key] = n + 1
+                    if roll_back:
+                        raise _RollBack
+            except _RollBack:
+                rolled_back.update(e for e, _, _ in batch)
+                continue
+            for event_id, key, n in batch:
+                committed[event_id] = (key, n)
+            time.sleep(pause)
+    except BaseException as exc:  # reported by the check
+        errors.append(exc)
+    finally:
+        done.set()
