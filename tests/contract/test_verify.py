@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_core import Outbox
+from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import Event
 from outbox_core.verify import GUARANTEES, verify
 
@@ -192,6 +193,27 @@ def test_a_broken_strategy_fails_the_guarantee_it_breaks(
     [result] = report.results
     assert result.name == guarantee and result.status == "fail", result
     assert result.detail
+
+
+def test_ordered_guarantees_skip_with_the_reason_ordered_relays_refuse(db_url: str) -> None:
+    """Where the dialect refuses ordered relays (SQL Server without RCSI), say so, don't hang."""
+    reason = "ordered relays need READ_COMMITTED_SNAPSHOT ON: run ALTER DATABASE ..."
+
+    def refusing(url: str, table: str) -> Outbox:
+        outbox = Outbox(url, table=table)
+
+        def check_ordered(conn: Any) -> None:
+            raise UnsupportedDatabase(reason)
+
+        outbox.dialect.check_ordered = check_ordered  # type: ignore[method-assign]
+        return outbox
+
+    ordered = ["head-of-key", "per-key-order", "ordered-runs", "state-machine"]
+    report = verify(db_url, mode="quick", only=[*ordered, "atomic"], outbox_factory=refusing)
+    assert report.ok
+    statuses = {r.name: (r.status, r.detail) for r in report.results}
+    assert statuses.pop("atomic")[0] == "pass"
+    assert statuses == dict.fromkeys(ordered, ("skip", reason))
 
 
 @pytest.mark.needs_server

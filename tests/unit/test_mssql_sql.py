@@ -47,6 +47,10 @@ class _Result:
     def all(self) -> list[tuple[Any, ...]]:
         return self.rows
 
+    def one(self) -> tuple[Any, ...]:
+        [row] = self.rows
+        return row
+
     def scalar(self) -> Any:
         return self.rows[0][0] if self.rows else None
 
@@ -196,3 +200,49 @@ def test_a_claim_leases_with_a_plain_update_then_reads_its_rows_back_by_token() 
     assert read_back.endswith("ORDER BY outbox.id")
     assert [e.id for e in events] == [7]
     assert events[0].token == "tok"
+
+
+# -- outbox doctor on SQL Server ---------------------------------------------------------------
+
+
+def doctor_findings(check: str, *answers: list[tuple[Any, ...]]) -> tuple[list[Any], Recorder]:
+    from outbox_core import Outbox
+    from outbox_core.dialects.mssql.doctor import CHECKS
+    from outbox_core.doctor.model import DoctorContext, Thresholds
+
+    outbox = Outbox("mssql+pyodbc://app:pw@db/app?driver=ODBC+Driver+18+for+SQL+Server")
+    recorder = Recorder(*answers)
+    conn: Any = recorder
+    ctx = DoctorContext(outbox, conn, Thresholds(), present={"outbox", "inbox"})
+    return list(dict(CHECKS)[check](ctx)), recorder
+
+
+def test_doctor_warns_without_rcsi_and_prints_the_alter_database() -> None:
+    [finding], _ = doctor_findings("isolation", [(0, "OFF", "shop")])
+    assert finding.severity == "warning" and "ordered relays refuse to start" in finding.message
+    assert (
+        finding.fix
+        == "ALTER DATABASE [shop] SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE"
+    )
+    [finding], _ = doctor_findings("isolation", [(1, "OFF", "shop")])
+    assert finding.severity == "ok" and finding.fix is None
+
+
+def test_doctor_reports_lock_escalation_left_on_with_the_fix_install_runs() -> None:
+    [finding], recorder = doctor_findings("lock_escalation", [("TABLE",)])
+    assert finding.severity == "warning" and "5,000 row locks" in finding.message
+    assert finding.fix == "ALTER TABLE outbox SET (LOCK_ESCALATION = DISABLE)"
+    assert "sys.tables.lock_escalation_desc" in recorder.sent[0]
+    [finding], _ = doctor_findings("lock_escalation", [("DISABLE",)])
+    assert finding.severity == "ok"
+
+
+def test_doctor_names_the_set_options_that_break_filtered_indexes() -> None:
+    # ANSI_NULLS .. QUOTED_IDENTIFIER, then NUMERIC_ROUNDABORT: two wrong.
+    [finding], recorder = doctor_findings("set_options", [(1, 1, 1, 0, 1, 1, 1)])
+    assert finding.severity == "error"
+    assert "ARITHABORT=OFF, NUMERIC_ROUNDABORT=ON" in finding.message
+    assert "error 1934" in finding.message
+    assert "sessionproperty(:sessionproperty_1)" in recorder.sent[0].lower()
+    [finding], _ = doctor_findings("set_options", [(1, 1, 1, 1, 1, 1, 0)])
+    assert finding.severity == "ok"
