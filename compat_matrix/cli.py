@@ -116,6 +116,14 @@ def render(runs: Sequence[dict[str, Any]]) -> str:
                 lines.append(f"- {row['version']} could not be verified: {row['error']}")
         lines.append("")
     lines += ["## Matrix", "", render_markdown(rows)]
+    done = [
+        f"- {column_name(row)}, `{r['name']}`: {r['detail']}"
+        for row in rows
+        for r in row["results"]
+        if r["status"] == "pass" and r.get("detail")
+    ]
+    if done:
+        lines += ["## What the long runs did", "", *done, ""]
     return "\n".join(lines)
 
 
