@@ -35,7 +35,8 @@ from outbox_core.message import Event, Failure, State
 from outbox_core.outbox import Outbox
 
 MAX_ATTEMPTS = 3
-KEYS = [None, "a", "b", "c"]
+#: The keys producers use (None: no key). A machine class may narrow them.
+KEYS: list[str | None] = [None, "a", "b", "c"]
 LEASE = 60.0
 #: A claim that waits this long on another relay's row locks fails (it must skip them).
 #: The idle limit is long: the machine holds claim transactions open on purpose.
@@ -86,6 +87,8 @@ class OutboxMachine(RuleBasedStateMachine):
     ordered: ClassVar[bool] = False
     #: Ordered mode: consecutive events of a key per claim (1: the head only).
     run_length: ClassVar[int] = 1
+    #: The keys producers draw from (drawn by index, so a class can narrow them).
+    keys: ClassVar[list[str | None]] = KEYS
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,12 +139,13 @@ class OutboxMachine(RuleBasedStateMachine):
         self.all_actors = [Actor(f"r{i}", self._connect()) for i in (1, 2, 3)]
 
     @rule(
-        key=st.sampled_from(KEYS),
+        key_index=st.integers(0, len(KEYS) - 1),
         n=st.integers(1, 3),
         commit=st.booleans(),
     )
-    def produce(self, key: str | None, n: int, commit: bool) -> None:
+    def produce(self, key_index: int, n: int, commit: bool) -> None:
         """A business transaction writes ``n`` events of ``key``, then commits or rolls back."""
+        key = self.keys[key_index % len(self.keys)]
         ids: list[str] = []
         try:
             with self.outbox.engine.begin() as conn:
@@ -462,13 +466,15 @@ def machine_for(
     ordered: bool,
     dialect: Dialect | None = None,
     run_length: int = 1,
+    keys: list[str | None] | None = None,
 ) -> type[OutboxMachine]:
-    """A machine class bound to one outbox table (and optionally a modified dialect)."""
+    """A machine class bound to one outbox table (and optionally a modified dialect or keys)."""
     attrs: dict[str, Any] = {
         "outbox": outbox,
         "dialect": dialect or outbox.dialect,
         "ordered": ordered,
         "run_length": run_length,
+        "keys": keys or KEYS,
     }
     mode = f"runs{run_length}" if run_length > 1 else "ordered" if ordered else "any"
     return type(f"OutboxMachine_{outbox.dialect.name}_{mode}", (OutboxMachine,), attrs)
