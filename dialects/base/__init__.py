@@ -112,6 +112,9 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
     app_clock: ClassVar[bool] = False
     #: Largest claim batch the dialect accepts.
     max_batch: ClassVar[int] = 10_000
+    #: Why the server cannot end a transaction its client froze in (None: it
+    #: can, through :meth:`limit_session`'s idle limit).
+    frozen_transactions_stay: ClassVar[str | None] = None
 
     def __init__(self, tables: OutboxTables, *, block_on_dead: bool = True) -> None:
         self.tables = tables

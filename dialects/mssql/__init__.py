@@ -108,6 +108,10 @@ class MssqlDialect(ReturningDialect):
     locking: ClassVar[str] = "claims skip each other's rows with READPAST"
     upgrade_hint: ClassVar[str | None] = "upgrade to SQL Server 2016 (13.0) or newer"
     max_batch: ClassVar[int] = 1000
+    frozen_transactions_stay: ClassVar[str | None] = (
+        "SQL Server has no idle-in-transaction timeout: a frozen relay keeps its rows until "
+        "its connection dies (the other relays pass them with READPAST)"
+    )
     group_key_scan: ClassVar[bool] = True
 
     def now(self) -> sa.ColumnElement[datetime]:

@@ -43,6 +43,10 @@ class SqliteDialect(ReturningDialect):
     )
     can_add_primary_key: ClassVar[bool] = False
     row_locks: ClassVar[bool] = False
+    frozen_transactions_stay: ClassVar[str | None] = (
+        "SQLite has no server to end it: a relay frozen inside a claim holds the write lock "
+        "until its process dies"
+    )
     app_clock: ClassVar[bool] = True
 
     def now(self) -> sa.ColumnElement[datetime]:

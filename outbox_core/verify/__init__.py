@@ -210,6 +210,51 @@ def claims_do_not_wait(ctx: Context) -> None:
     expect(len(taken) == 10, f"the second claim got {len(taken)} of the 10 free events")
 
 
+#: The idle limit the frozen-claim check gives its holder (whole seconds: MySQL's unit).
+FROZEN_IDLE = 2.0
+
+
+def frozen_claim_is_cut(ctx: Context) -> str:
+    """A relay frozen inside its claim transaction loses its rows to the others.
+
+    A GC or VM pause, or a partition that keeps TCP open: the claim's
+    transaction stays open with its row locks. The server ends it after the
+    relay's idle limit (:meth:`Dialect.limit_session`), and another relay
+    then claims the rows.
+    """
+    d = ctx.dialect
+    if d.frozen_transactions_stay:
+        raise Skip(d.frozen_transactions_stay)
+    ctx.enqueue(*((None, {"n": i}) for i in range(10)))
+    holder = d.connect(ctx.outbox.engine)
+    try:
+        d.limit_session(holder, SessionLimits(idle_in_transaction=FROZEN_IDLE, lock_wait=1.0))
+        d.prepare(holder)
+        holder.begin()  # and never commit: frozen
+        held = {e.id for e in ctx.claim(holder, "frozen", limit=5)}
+        frozen_at = time.monotonic()
+        expect(len(held) == 5, f"the frozen relay's claim got {len(held)} of 5 events")
+        taken: set[int] = set()
+        with ctx.connection() as other:
+            n = 0
+            while time.monotonic() - frozen_at < FROZEN_IDLE * 2 + 2:
+                n += 1
+                taken |= {e.id for e in ctx.claim(other, f"other:{n}", limit=10)}
+                if held <= taken:
+                    break
+                time.sleep(0.2)
+        waited = time.monotonic() - frozen_at
+        expect(
+            held <= taken,
+            f"{len(held - taken)} rows of a relay frozen in its claim were still held "
+            f"{waited:.0f}s later (idle limit {FROZEN_IDLE:.0f}s)",
+        )
+    finally:
+        holder.invalidate()  # the server ended it; its socket may still look open
+        holder.close()
+    return f"another relay had the frozen claim's rows {waited:.1f}s after the freeze"
+
+
 def fencing_after_lease_expiry(ctx: Context) -> None:
     """A relay whose lease expired and was re-claimed cannot settle the event any more."""
     ctx.enqueue(("k", {"n": 1}))
@@ -426,6 +471,11 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], str | None]]] = [
     ("disjoint-claims", "concurrent claims never return the same event", claims_are_disjoint),
     ("no-waiting", "a claim skips locked rows instead of waiting", claims_do_not_wait),
     ("fencing", "an expired, re-claimed lease cannot settle", fencing_after_lease_expiry),
+    (
+        "frozen-claim",
+        "a relay frozen inside its claim loses its rows to the others",
+        frozen_claim_is_cut,
+    ),
     ("head-of-key", "ordered claims take only each key's head", ordered_head_of_key),
     (
         "per-key-order",

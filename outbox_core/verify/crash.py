@@ -63,9 +63,10 @@ SIZES = {
 class _Relays:
     """``RELAYS`` relay processes; any of them can be killed and replaced."""
 
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env, self.logs = env, logs
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.env, self.workdir = env, workdir
         self.started = 0
+        self.log_of: dict[int, Path] = {}
         self.procs = [self._start() for _ in range(RELAYS)]
         self.up_since = [time.monotonic()] * RELAYS
 
@@ -74,8 +75,14 @@ class _Relays:
         args = [sys.executable, "-m", "outbox_core.cli", "relay"]
         if self.started % 3 == 0:
             args += ["--run-length", "3"]
-        with open(self.logs / f"relay-{self.started}.log", "wb") as log:
-            return subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        path = self.workdir / f"relay-{self.started}.log"
+        with open(path, "wb") as log:
+            # cwd: the work folder, so no outbox.toml of the user's is read.
+            proc = subprocess.Popen(
+                args, env=self.env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.log_of[proc.pid] = path
+        return proc
 
     def kill_one(self, rng: random.Random) -> int | None:
         """SIGKILL a relay up for a second or more (past its imports), start another: its pid."""
@@ -99,10 +106,8 @@ class _Relays:
         return None
 
     def _log_of(self, proc: subprocess.Popen[bytes]) -> str:
-        index = self.procs.index(proc)
-        newest = sorted(self.logs.glob("relay-*.log"), key=lambda p: p.stat().st_mtime)
-        text = newest[-1].read_text(errors="replace") if newest else ""
-        return f"relay {index} exited with {proc.returncode}: {text.strip()[-600:]}"
+        text = self.log_of[proc.pid].read_text(errors="replace").strip()
+        return f"a relay process exited with {proc.returncode}: {text[-600:]}"
 
     def stop(self) -> list[str]:
         """SIGTERM every relay; the complaints of those that did not exit 0.
@@ -140,8 +145,10 @@ def relays_survive_sigkill(ctx: Context) -> str:
     with tempfile.TemporaryDirectory(prefix="outbox-verify-") as tmp:
         work = Path(tmp)
         sink_file = work / "published.txt"
+        # The relays' settings are these alone: none of the user's OUTBOX_* variables.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
         env = {
-            **os.environ,
+            **inherited,
             # The URL goes in the environment, not argv: no password in `ps`.
             "OUTBOX_DATABASE_URL": url.render_as_string(hide_password=False),
             "OUTBOX_TABLE": ctx.outbox.table.name,
@@ -159,7 +166,6 @@ def relays_survive_sigkill(ctx: Context) -> str:
             "OUTBOX_BACKOFF_BASE": "0.2",
             "OUTBOX_BACKOFF_CAP": "1",
         }
-        env.pop("OUTBOX_CONFIG", None)
         committed: dict[str, tuple[str, int]] = {}
         rolled_back: set[str] = set()
         produced = threading.Event()

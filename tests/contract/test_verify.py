@@ -167,6 +167,9 @@ def _broken(url: str, table: str, breaks: str) -> Outbox:
         # FOR UPDATE that waits: claims queue behind each other's locks.
         dialect.lock_rows = lambda select: select.with_for_update()  # type: ignore[method-assign]
         dialect._claims.clear()
+    elif breaks == "idle-limit":
+        # Relay connections without server-side limits: a frozen claim holds on forever.
+        dialect.limit_session = lambda conn, limits: None  # type: ignore[method-assign]
     else:
         # Ordered claims that ignore keys: no head-of-key check at all.
         def claim(conn: Any, *, limit: int, lease: float, token: str, ordered: bool) -> list[Event]:
@@ -177,7 +180,12 @@ def _broken(url: str, table: str, breaks: str) -> Outbox:
 
 
 @pytest.mark.parametrize(
-    ("breaks", "guarantee"), [("skip-locked", "no-waiting"), ("head-of-key", "head-of-key")]
+    ("breaks", "guarantee"),
+    [
+        ("skip-locked", "no-waiting"),
+        ("head-of-key", "head-of-key"),
+        ("idle-limit", "frozen-claim"),
+    ],
 )
 def test_a_broken_strategy_fails_the_guarantee_it_breaks(
     backend: str, db_url: str, breaks: str, guarantee: str
@@ -185,6 +193,8 @@ def test_a_broken_strategy_fails_the_guarantee_it_breaks(
     outbox = Outbox(db_url, table="probe")
     if breaks == "skip-locked" and not outbox.dialect.row_locks:
         pytest.skip("SQLite has no row locks to skip")
+    if breaks == "idle-limit" and outbox.dialect.frozen_transactions_stay:
+        pytest.skip(outbox.dialect.frozen_transactions_stay)
     outbox.dispose()
     report = verify(
         db_url, mode="quick", only=[guarantee], outbox_factory=lambda u, t: _broken(u, t, breaks)
