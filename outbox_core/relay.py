@@ -51,7 +51,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from outbox_core import tracing
 from outbox_core.brokers.base import Broker
-from outbox_core.config import Settings
+from outbox_core.config import Settings, redact
 from outbox_core.dialects.base import Dialect, SessionLimits, delete_in_batches
 from outbox_core.errors import DatabaseError, translate_errors
 from outbox_core.message import CycleResult, Event, Failure, Outcome
@@ -695,8 +695,24 @@ class Relay:
         log.info("signal %d: finishing the batch in flight, then stopping", signum)
         self.stop()
 
+    def _check_ordered(self) -> None:
+        """Refuse to relay in order where the database cannot serve ordered claims.
+
+        Raises :class:`~outbox_core.errors.UnsupportedDatabase` (SQL Server
+        without READ_COMMITTED_SNAPSHOT). A database that cannot be reached
+        yet is not refused: the relay waits for it as always, and the
+        check runs again at the next start.
+        """
+        try:
+            with self.engine.connect() as conn:
+                self.dialect.check_ordered(conn)
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("could not check ordered claims on the database yet: %s", redact(str(exc)))
+
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Relay until :meth:`stop` or SIGTERM/SIGINT; return normally (exit code 0)."""
+        if self.settings.ordered:
+            self._check_ordered()
         previous: dict[signal.Signals, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -279,3 +279,28 @@ def test_a_confirmed_event_the_reaper_made_dead_is_marked_sent(outbox: Outbox) -
         assert d.mark_sent(conn, [event.id], token="a", delete=False) == 1
         assert d.mark_sent(conn, [event.id], token="other", delete=False) == 0
     assert [r.state for r in rows(outbox)] == [State.SENT]
+
+
+def test_an_ordered_relay_refuses_a_database_that_cannot_serve_ordered_claims(
+    outbox: Outbox,
+) -> None:
+    """``Relay.run()`` itself refuses (SQL Server without RCSI), not only ``outbox relay``."""
+    from outbox_core.errors import UnsupportedDatabase
+
+    relay = outbox.relay("memory://", ordered=True)
+    reason = "ordered relays need READ_COMMITTED_SNAPSHOT ON: run ALTER DATABASE ..."
+
+    def refuse(conn: sa.Connection) -> None:
+        raise UnsupportedDatabase(reason)
+
+    relay.dialect.check_ordered = refuse  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UnsupportedDatabase, match="READ_COMMITTED_SNAPSHOT"):
+            relay.run(install_signal_handlers=False)
+    finally:
+        relay.close()
+    unordered = outbox.relay("memory://")
+    unordered.dialect.check_ordered = refuse  # type: ignore[method-assign]
+    unordered.stop()
+    unordered.run(install_signal_handlers=False)  # not asked: runs (and stops at once)
+    unordered.close()
