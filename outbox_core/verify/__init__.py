@@ -9,8 +9,16 @@ as pass, fail or skip with the reason, and the time), printed as text, JSON
 or JUnit XML. ``verify`` exits 1 when any guarantee fails.
 
 The checks use only the dialect interface, so a broken strategy (a claim
-without SKIP LOCKED, an ordered claim without its head-of-key check) fails
-the guarantee it breaks, by name.
+without SKIP LOCKED, an ordered claim without its head-of-key check, relay
+connections without server-side limits) fails the guarantee it breaks, by
+name.
+
+Modules: this one (the checks, :func:`verify`, the renderers),
+:mod:`~outbox_core.verify.machine` (the hypothesis state machine, also run by
+``tests/property``), :mod:`~outbox_core.verify.crash` (the SIGKILL run of
+``outbox relay`` processes), :mod:`~outbox_core.verify.sink` (the file broker
+those processes publish to) and :mod:`~outbox_core.verify.matrix` (rows
+merged into one Markdown matrix: ``outbox matrix``, ``compat_matrix``).
 """
 
 from __future__ import annotations
