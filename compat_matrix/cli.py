@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -44,11 +45,21 @@ def verify_row(url: str, mode: str, only: Sequence[str] = ()) -> dict[str, Any]:
     for name in only:
         args += ["--only", name]
     env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800)
+    # Its own process group: on a timeout the relays of its SIGKILL run go with it.
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        row: dict[str, Any] = json.loads(done.stdout)
+        stdout, stderr = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        stderr = "outbox verify took more than 30 minutes; killed. " + stderr
+    try:
+        row: dict[str, Any] = json.loads(stdout)
     except json.JSONDecodeError:
-        reason = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")[-500:]
+        reason = (stderr.strip() or stdout.strip() or f"exit {proc.returncode}")[-500:]
         return {
             "url": mask_url(url),
             "server": "unverified",

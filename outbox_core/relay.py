@@ -194,6 +194,9 @@ class Relay:
         self._reap = _Due(settings.reap_interval)
         self._cleanup = _Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
         self._claim_seq = 0
+        #: Ordered relays check the database can serve ordered claims (Dialect.check_ordered)
+        #: before their first claim: at start, or on their first connection if it was down.
+        self._ordered_checked = not settings.ordered
         #: Server-side bounds on every relay connection (see Dialect.limit_session).
         self.limits = SessionLimits.for_lease(settings.lease)
         self._idle_limit: float | None = None
@@ -230,6 +233,9 @@ class Relay:
                     with self.dialect.transaction(conn):
                         self.dialect.initialize(conn)
                     self.dialect.limit_session(conn, self.limits)
+                    if not self._ordered_checked:
+                        self.dialect.check_ordered(conn)  # UnsupportedDatabase ends run()
+                        self._ordered_checked = True
                 except BaseException:
                     conn.close()
                     raise
@@ -700,18 +706,20 @@ class Relay:
 
         Raises :class:`~outbox_core.errors.UnsupportedDatabase` (SQL Server
         without READ_COMMITTED_SNAPSHOT). A database that cannot be reached
-        yet is not refused: the relay waits for it as always, and the
-        check runs again at the next start.
+        yet is not refused: the relay waits for it as always, and checks on
+        its first connection, before its first claim (:attr:`conn`).
         """
         try:
             with self.engine.connect() as conn:
                 self.dialect.check_ordered(conn)
         except sa.exc.SQLAlchemyError as exc:
-            log.warning("could not check ordered claims on the database yet: %s", redact(str(exc)))
+            log.warning("database not reachable yet (%s); checking on connect", redact(str(exc)))
+            return
+        self._ordered_checked = True
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Relay until :meth:`stop` or SIGTERM/SIGINT; return normally (exit code 0)."""
-        if self.settings.ordered:
+        if not self._ordered_checked:
             self._check_ordered()
         previous: dict[signal.Signals, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():

@@ -199,10 +199,15 @@ class MssqlDialect(ReturningDialect):
             )
 
     def install(self, conn: Connection) -> None:
-        """Create the tables, then turn lock escalation off for the outbox table."""
+        """Create the tables, then turn lock escalation off for the outbox table.
+
+        The ALTER runs only when the setting differs: it takes a schema lock,
+        which would queue behind (and then ahead of) every relay and producer.
+        """
         super().install(conn)
-        with conn.begin():
-            conn.execute(self.disable_lock_escalation())
+        with self.transaction(conn):
+            if lock_escalation(conn, self.table) != "DISABLE":
+                conn.execute(self.disable_lock_escalation())
 
     def disable_lock_escalation(self) -> sa.ExecutableDDLElement:
         """``ALTER TABLE <outbox> SET (LOCK_ESCALATION = DISABLE)``."""
@@ -295,6 +300,20 @@ def read_committed_snapshot(conn: Connection) -> bool:
     """Is READ_COMMITTED_SNAPSHOT on for the connection's database?"""
     on = SYS_DATABASES.c.is_read_committed_snapshot_on
     return bool(conn.execute(this_database(on)).scalar())
+
+
+def lock_escalation(conn: Connection, table: sa.Table) -> str | None:
+    """The table's ``LOCK_ESCALATION`` (``TABLE``, ``AUTO`` or ``DISABLE``; None: no table)."""
+    tables = sa.table(
+        "tables", sa.column("object_id"), sa.column("lock_escalation_desc"), schema="sys"
+    )
+    name = conn.dialect.identifier_preparer.format_table(table)
+    setting = conn.execute(
+        sa.select(tables.c.lock_escalation_desc).where(
+            tables.c.object_id == sa.func.object_id(name)
+        )
+    ).scalar()
+    return None if setting is None else str(setting)
 
 
 def _database_name(conn: Connection) -> str:

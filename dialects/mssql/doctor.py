@@ -12,15 +12,18 @@ from collections.abc import Iterable
 
 import sqlalchemy as sa
 
+from outbox_core.dialects import mssql
 from outbox_core.dialects.mssql import SYS_DATABASES, MssqlDialect, this_database
 from outbox_core.doctor.model import DoctorContext, Finding, Severity
 
 #: SESSIONPROPERTY name -> the value writing a filtered-index table needs.
+#: ARITHABORT is left out: ODBC sessions report it OFF, but with ANSI_WARNINGS
+#: ON (checked here) and compatibility level 90 or higher SQL Server treats it
+#: as ON ("Setting ANSI_WARNINGS to ON implicitly sets ARITHABORT to ON").
 REQUIRED_OPTIONS = {
     "ANSI_NULLS": 1,
     "ANSI_PADDING": 1,
     "ANSI_WARNINGS": 1,
-    "ARITHABORT": 1,
     "CONCAT_NULL_YIELDS_NULL": 1,
     "QUOTED_IDENTIFIER": 1,
     "NUMERIC_ROUNDABORT": 0,
@@ -63,15 +66,7 @@ def lock_escalation(ctx: DoctorContext) -> Iterable[Finding]:
     """The outbox table never escalates to a table lock (which READPAST cannot skip)."""
     if "outbox" not in ctx.present:
         return
-    table = ctx.outbox.tables.outbox
-    tables = sa.table(
-        "tables", sa.column("object_id"), sa.column("lock_escalation_desc"), schema="sys"
-    )
-    setting = ctx.conn.execute(
-        sa.select(tables.c.lock_escalation_desc).where(
-            tables.c.object_id == sa.func.object_id(ctx.quoted(table))
-        )
-    ).scalar()
+    setting = mssql.lock_escalation(ctx.conn, ctx.outbox.tables.outbox)
     details = {"lock_escalation": setting}
     if setting == "DISABLE":
         yield Finding(
@@ -99,7 +94,13 @@ def lock_escalation(ctx: DoctorContext) -> Iterable[Finding]:
 def set_options(ctx: DoctorContext) -> Iterable[Finding]:
     """This session's SET options allow writing a table with filtered indexes."""
     values = ctx.conn.execute(
-        sa.select(*(sa.func.sessionproperty(name).label(name) for name in REQUIRED_OPTIONS))
+        # SESSIONPROPERTY returns sql_variant, which older pyodbc cannot fetch: cast it.
+        sa.select(
+            *(
+                sa.cast(sa.func.sessionproperty(name), sa.Integer).label(name)
+                for name in REQUIRED_OPTIONS
+            )
+        )
     ).one()
     wrong = {
         name: int(value)

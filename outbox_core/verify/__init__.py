@@ -446,9 +446,9 @@ def state_machine(ctx: Context) -> str:
         try:
             with with_reporter(report.append):
                 run_state_machine_as_test(machine, settings=budget)
-        except AssertionError as exc:
+        except Exception as exc:  # an assertion, or hypothesis' flaky-failure group
             steps_seen = "\n".join(str(line) for line in report[-25:])
-            raise Failed(f"{label}: {exc}\n{steps_seen}".rstrip()) from None
+            raise Failed(f"{label}: {type(exc).__name__}: {exc}\n{steps_seen}".rstrip()) from None
     return f"{len(MACHINES)} machines x {examples} examples of up to {steps} steps"
 
 
@@ -564,13 +564,20 @@ def _run_one(
     except Failed as exc:
         status, detail = "fail", str(exc)
     except (OutboxError, sa.exc.SQLAlchemyError) as exc:
-        status, detail = "fail", f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        status, detail = "fail", f"{type(exc).__name__}: {_first_line(exc)}"
+    except Exception as exc:  # anything else is a failure of this guarantee, not of the run
+        status, detail = "fail", f"unexpected {type(exc).__name__}: {_first_line(exc)}"
     finally:
         try:
             outbox.tables.metadata.drop_all(outbox.engine)
         finally:
             outbox.dispose()
     return Result(name, guarantee, status, time.monotonic() - started, detail)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0] if lines else ""
 
 
 def render_text(report: Report) -> str:

@@ -299,6 +299,23 @@ def test_an_ordered_relay_refuses_a_database_that_cannot_serve_ordered_claims(
             relay.run(install_signal_handlers=False)
     finally:
         relay.close()
+    # The database not reachable when run() starts: the first connection checks.
+    late = outbox.relay("memory://", ordered=True)
+    calls: list[str] = []
+
+    def down_then_refuse(conn: sa.Connection) -> None:
+        calls.append("check")
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("connect", {}, Exception("connection refused"))
+        raise UnsupportedDatabase(reason)
+
+    late.dialect.check_ordered = down_then_refuse  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UnsupportedDatabase, match="READ_COMMITTED_SNAPSHOT"):
+            late.run(install_signal_handlers=False)
+    finally:
+        late.close()
+    assert len(calls) >= 2
     unordered = outbox.relay("memory://")
     unordered.dialect.check_ordered = refuse  # type: ignore[method-assign]
     unordered.stop()
