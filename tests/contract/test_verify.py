@@ -245,3 +245,24 @@ def test_verify_broker_option_says_whether_the_broker_answers(db_url: str) -> No
     code, output = run("verify", "--db", db_url, "--only", "atomic", "--broker", down_url)
     assert code == 1, output
     assert ": DOWN" in output and "guest:guest" not in output
+
+
+def test_without_hypothesis_the_state_machine_is_skipped_and_says_why(
+    backend: str, db_url: str, tmp_path: Path
+) -> None:
+    """Installed without the ``verify`` extra: that one row skips, naming the extra."""
+    if backend != "sqlite":
+        pytest.skip("the same on every database: SQLite is enough")
+    shadow = tmp_path / "shadow" / "hypothesis"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named hypothesis')\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox_core.cli", "verify", "--db", db_url, "--quick",
+         "--only", "state-machine", "--only", "atomic"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIP  state-machine" in done.stdout
+    assert "needs hypothesis: pip install 'outbox-toolkit[verify]'" in done.stdout
+    assert "PASS  atomic" in done.stdout

@@ -77,9 +77,30 @@ def test_the_wheel_has_one_top_level_import_package(wheel: Path) -> None:
         "dialects/mysql/doctor.py",
         "brokers/rabbitmq/connection.py",
         "doctor/checks.py",
+        "verify/machine.py",
+        "verify/crash.py",
+        "verify/sink.py",
+        "verify/matrix.py",
     ):
         assert f"outbox_core/{module}" in files
     assert "outbox_core/py.typed" in files
+
+
+def test_the_verify_extra_brings_hypothesis_for_the_state_machine(wheel: Path) -> None:
+    """``pip install 'outbox-toolkit[verify]'`` (README, docs/ci.md) installs what it needs."""
+    with zipfile.ZipFile(wheel) as zf:
+        [name] = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = zf.read(name).decode()
+    assert "Provides-Extra: verify" in metadata
+    assert any(
+        line.startswith("Requires-Dist: hypothesis") and 'extra == "verify"' in line
+        for line in metadata.splitlines()
+    ), metadata
+    # Without the extra nothing imports hypothesis: the core dependencies stay two.
+    assert not any(
+        line.startswith("Requires-Dist: hypothesis") and "extra ==" not in line
+        for line in metadata.splitlines()
+    )
 
 
 def _venv_with(wheel: Path, venv: Path) -> Path:
