@@ -281,26 +281,32 @@ def test_a_confirmed_event_the_reaper_made_dead_is_marked_sent(outbox: Outbox) -
     assert [r.state for r in rows(outbox)] == [State.SENT]
 
 
+def _assert_ordered_run_refused(outbox: Outbox, check: Any) -> None:
+    """An ordered relay whose dialect's ``check_ordered`` is ``check`` refuses in ``run()``."""
+    from outbox_core.errors import UnsupportedDatabase
+
+    relay = outbox.relay("memory://", ordered=True)
+    relay.dialect.check_ordered = check  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UnsupportedDatabase, match="READ_COMMITTED_SNAPSHOT"):
+            relay.run(install_signal_handlers=False)
+    finally:
+        relay.close()
+
+
 def test_an_ordered_relay_refuses_a_database_that_cannot_serve_ordered_claims(
     outbox: Outbox,
 ) -> None:
     """``Relay.run()`` itself refuses (SQL Server without RCSI), not only ``outbox relay``."""
     from outbox_core.errors import UnsupportedDatabase
 
-    relay = outbox.relay("memory://", ordered=True)
     reason = "ordered relays need READ_COMMITTED_SNAPSHOT ON: run ALTER DATABASE ..."
 
     def refuse(conn: sa.Connection) -> None:
         raise UnsupportedDatabase(reason)
 
-    relay.dialect.check_ordered = refuse  # type: ignore[method-assign]
-    try:
-        with pytest.raises(UnsupportedDatabase, match="READ_COMMITTED_SNAPSHOT"):
-            relay.run(install_signal_handlers=False)
-    finally:
-        relay.close()
+    _assert_ordered_run_refused(outbox, refuse)
     # The database not reachable when run() starts: the first connection checks.
-    late = outbox.relay("memory://", ordered=True)
     calls: list[str] = []
 
     def down_then_refuse(conn: sa.Connection) -> None:
@@ -309,12 +315,7 @@ def test_an_ordered_relay_refuses_a_database_that_cannot_serve_ordered_claims(
             raise sa.exc.OperationalError("connect", {}, Exception("connection refused"))
         raise UnsupportedDatabase(reason)
 
-    late.dialect.check_ordered = down_then_refuse  # type: ignore[method-assign]
-    try:
-        with pytest.raises(UnsupportedDatabase, match="READ_COMMITTED_SNAPSHOT"):
-            late.run(install_signal_handlers=False)
-    finally:
-        late.close()
+    _assert_ordered_run_refused(outbox, down_then_refuse)
     assert len(calls) >= 2
     unordered = outbox.relay("memory://")
     unordered.dialect.check_ordered = refuse  # type: ignore[method-assign]
