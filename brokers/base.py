@@ -8,7 +8,7 @@ reports ``ok`` before the broker has taken responsibility for the message
 (cannot connect, login refused, connection lost, a whole batch unconfirmed)
 is ``unavailable``: the relay gives those events back without spending an
 attempt, stops claiming, and calls :meth:`Broker.probe` with backoff until
-the broker answers (DESIGN.md section 1a).
+the broker answers (docs/design.md, Liveness).
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class Outcome:
     event goes dead. ``unavailable``: the broker itself could not be reached
     (cannot connect, login refused, connection lost, a whole batch
     unconfirmed): the relay gives the event back without spending an attempt
-    and waits for the broker (DESIGN.md section 1a).
+    and waits for the broker (docs/design.md, Liveness).
     """
 
     kind: OutcomeKind

@@ -11,7 +11,7 @@ expired and was re-claimed change nothing. SIGTERM / SIGINT let the batch in
 flight finish; a second signal interrupts it and the unpublished claims are
 released.
 
-Liveness (DESIGN.md section 1a):
+Liveness (docs/design.md, Liveness):
 
 * **An outage is not the event's failure.** Events the broker reports
   ``unavailable`` are given back without spending an attempt; the relay stops

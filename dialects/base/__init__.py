@@ -153,7 +153,7 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         return engine.connect()
 
     def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
-        """Put server-side limits on a relay's connection (DESIGN.md section 1a).
+        """Put server-side limits on a relay's connection (docs/design.md, Liveness).
 
         A relay frozen inside a transaction (GC or VM pause, a partition that
         keeps TCP open) must not hold rows, or make other relays wait, much

@@ -6,7 +6,7 @@
 * Webhook: a real HTTP server on 127.0.0.1 that verifies signatures.
 * Memory: the in-process broker.
 
-The contract (DESIGN.md section 5): one outcome per event, in order; ``ok``
+The contract (docs/design.md, Broker outcomes): one outcome per event, in order; ``ok``
 only once the broker took the message (it is really there); permanent
 failures ``reject``, transient ones ``retry``; a broker that is down gives
 ``retry`` for every event and never raises.

@@ -1,4 +1,4 @@
-"""Liveness on every database (DESIGN.md section 1a), in-process and fast.
+"""Liveness on every database (docs/design.md, Liveness), in-process and fast.
 
 * a broker outage spends no attempt: the batch goes back unspent, the relay
   stops claiming, probes with backoff, and resumes when the broker answers;

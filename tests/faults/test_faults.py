@@ -1,4 +1,4 @@
-"""Faults that last: the liveness rules of DESIGN.md section 1a, on PostgreSQL and MariaDB.
+"""Faults that last: the liveness rules of docs/design.md, on PostgreSQL and MariaDB.
 
 Relays run as ``outbox relay`` child processes, as users deploy them:
 
