@@ -267,9 +267,9 @@ class Inbox:
     ) -> int:
         """Delete inbox rows processed more than ``older_than`` seconds ago; return the count.
 
-        Works in transactions of at most ``batch`` rows (capped at the
-        dialect's ``max_batch``, 1000 on SQL Server, whose statements take at
-        most 2,100 parameters), until nothing old is left or ``max_batches``
+        Works in transactions of at most ``batch`` rows (each statement binds
+        no more than the database takes: SQL Server's 2,100 parameters), until
+        nothing old is left or ``max_batches``
         transactions ran. Keep ``older_than`` above the longest time a message
         can take to be redelivered.
         """
@@ -277,7 +277,6 @@ class Inbox:
             raise ConfigurationError("inbox cleanup: older_than must not be negative")
         if batch < 1:
             raise ConfigurationError("inbox cleanup: batch must be at least 1")
-        batch = min(batch, self.dialect.max_batch)
         with translate_errors("inbox cleanup"), self.outbox.engine.connect() as conn:
             return delete_in_batches(
                 lambda n: self.dialect.inbox_cleanup(conn, older_than=older_than, batch=n),

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,14 +23,13 @@ from outbox_core import tracing
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import Settings, mask_url
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
-from outbox_core.errors import ConfigurationError, EventError, TableMissing, translate_errors
-from outbox_core.message import NewEvent, build_new_event
+from outbox_core.enqueue import Producer
+from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
+from outbox_core.message import build_new_event
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
-
-#: The arguments of one event in ``enqueue_many``.
-_EVENT_FIELDS = frozenset({"topic", "payload", "key", "headers", "delay"})
+from outbox_core.transaction import SQLAlchemyTransaction
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -134,14 +132,16 @@ class Outbox:
         engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.tables = OutboxTables.create(table, schema)
+        #: The outbox's one set of settings: its relays run with them unless
+        #: given their own. ``notify`` (PostgreSQL: ``enqueue`` sends NOTIFY in the
+        #: caller's transaction, relays LISTEN) can be turned off under very heavy
+        #: write load (NOTIFY takes a global lock at commit).
+        self.settings = Settings(
+            table=table, schema=schema, block_on_dead=block_on_dead, notify=notify
+        )
         self._engine: Engine | None = None
         self._owns_engine = False
         self._engine_options = dict(engine_options or {})
-        #: PostgreSQL: ``enqueue`` sends NOTIFY in the caller's transaction. Turn it
-        #: off under very heavy write load (NOTIFY takes a global lock at commit).
-        self.notify = notify
-        #: Relays of this outbox running in this process, woken after a commit.
-        self._local_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
         if isinstance(db, Engine):
             self._engine = db
             self.url = db.url
@@ -154,7 +154,13 @@ class Outbox:
                 f"Outbox needs a database URL or an Engine, not {type(db).__name__}"
             )
         backend = dialect or self.url.get_backend_name()
-        self.dialect: Dialect = get_dialect(backend)(self.tables, block_on_dead=block_on_dead)
+        self.dialect: Dialect = get_dialect(backend)(self.tables)
+        self.producer = Producer(self.dialect, fallback=lambda: self.engine.connect())
+
+    @property
+    def notify(self) -> bool:
+        """``enqueue`` wakes relays with NOTIFY where the database has it (the setting)."""
+        return self.settings.notify
 
     def __repr__(self) -> str:
         url = mask_url(self.url.render_as_string(hide_password=False))
@@ -236,23 +242,10 @@ class Outbox:
         :class:`~outbox_core.errors.PayloadError` names the field and nothing
         is written.
         """
-        if not isinstance(conn, Connection | Session):
-            raise ConfigurationError(
-                "enqueue needs the Connection or Session of your transaction, "
-                f"not {type(conn).__name__} (use enqueue_async for async ones)"
-            )
+        port = SQLAlchemyTransaction.of(conn, "enqueue")
         headers = tracing.with_trace_context(headers)
         event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
-        bind = conn if isinstance(conn, Connection) else conn.connection()
-        self._check_event(bind, event)
-        first = _first_in_transaction(bind, self)
-        # The first event of a transaction also carries the wake-up (NOTIFY), in
-        # the same statement: no extra round trip.
-        stmt, params = self.dialect.enqueue_call(event, notify=self.notify and first)
-        conn.execute(stmt, params)
-        if first and self._local_relays:
-            _wake_after_commit(bind, self._local_relays)
-        return event.event_id
+        return self.producer.enqueue(port, event, notify=self.notify)
 
     def enqueue_many(
         self, conn: Connection | Session, events: Iterable[Mapping[str, Any]]
@@ -268,50 +261,9 @@ class Outbox:
         its position and field, and none of them is written. Like
         :meth:`enqueue`, this never commits.
         """
-        if not isinstance(conn, Connection | Session):
-            raise ConfigurationError(
-                "enqueue_many needs the Connection or Session of your transaction, "
-                f"not {type(conn).__name__}"
-            )
-        bind = conn if isinstance(conn, Connection) else conn.connection()
-        built: list[NewEvent] = []
-        for i, spec in enumerate(events):
-            if not isinstance(spec, Mapping):
-                raise EventError(
-                    f"events[{i}]: each event is a mapping of enqueue's arguments "
-                    f"(topic, payload, key, headers, delay), not {type(spec).__name__}"
-                )
-            unknown = sorted(set(spec) - _EVENT_FIELDS)
-            missing = sorted({"topic", "payload"} - set(spec))
-            if unknown or missing:
-                problem = f"unknown {', '.join(unknown)}" if unknown else ""
-                if missing:
-                    problem += ("; " if problem else "") + f"missing {', '.join(missing)}"
-                raise EventError(
-                    f"events[{i}]: {problem} (an event has topic, payload, key, headers, delay)"
-                )
-            try:
-                event = build_new_event(
-                    spec["topic"],
-                    spec["payload"],
-                    key=spec.get("key"),
-                    headers=tracing.with_trace_context(spec.get("headers")),
-                    delay=spec.get("delay"),
-                )
-                self._check_event(bind, event)
-            except EventError as exc:
-                raise type(exc)(f"events[{i}]: {exc}") from exc
-            built.append(event)
-        if not built:
-            return []
-        first = _first_in_transaction(bind, self)
-        calls = self.dialect.enqueue_many_calls(
-            built, notify=self.notify and first, driver=bind.dialect
-        )
-        for stmt, params in calls:
-            conn.execute(stmt, params)
-        if first and self._local_relays:
-            _wake_after_commit(bind, self._local_relays)
+        port = SQLAlchemyTransaction.of(conn, "enqueue_many")
+        built = self.producer.build_many(port, events)
+        self.producer.enqueue_many(port, built, notify=self.notify)
         return [e.event_id for e in built]
 
     async def enqueue_async(
@@ -343,13 +295,6 @@ class Outbox:
 
         return await conn.run_sync(enqueue)
 
-    def _check_event(self, conn: Connection, event: NewEvent) -> None:
-        """What this database cannot store is refused before anything is written."""
-        if not self.dialect.initialized:
-            with translate_errors("reading the server's capabilities"):
-                self.dialect.initialize(conn)
-        self.dialect.check_event(event)
-
     # -- relay -----------------------------------------------------------------------------
 
     def relay(
@@ -364,20 +309,19 @@ class Outbox:
     ) -> Relay:
         """A relay publishing this outbox to ``broker`` (a URL or a Broker).
 
-        Knobs (``batch_size``, ``lease``, ``ordered``, ``max_attempts``, ...)
-        are :class:`~outbox_core.config.Settings` fields.
+        It runs with ``settings`` as given, else this outbox's own
+        (:attr:`settings`: its ``notify`` and ``block_on_dead`` included);
+        knobs (``batch_size``, ``lease``, ``ordered``, ``max_attempts``, ...)
+        are :class:`~outbox_core.config.Settings` fields applied on top.
         """
-        base = settings or Settings(table=self.table.name, schema=self.table.schema)
-        if self.dialect.block_on_dead != base.block_on_dead and "block_on_dead" not in knobs:
-            knobs["block_on_dead"] = self.dialect.block_on_dead
+        base = self.settings if settings is None else settings
         merged = base.replace(**knobs) if knobs else base
-        dialect = self.dialect
-        if merged.block_on_dead != dialect.block_on_dead:
-            dialect = type(dialect)(self.tables, block_on_dead=merged.block_on_dead)
         if isinstance(broker, str):
             broker = create_broker(broker, **dict(broker_options or {}))
-        relay = Relay(self.engine, dialect, broker, merged, name=name, retry_policy=retry_policy)
-        self._local_relays.add(relay)
+        relay = Relay(
+            self.engine, self.dialect, broker, merged, name=name, retry_policy=retry_policy
+        )
+        self.producer.local_relays.add(relay)
         return relay
 
     # -- operations ---------------------------------------------------------------------
@@ -432,57 +376,6 @@ class Outbox:
             raise ConfigurationError("replay needs ids, a topic, a key, or all=True")
         with translate_errors("replay"), self.engine.connect() as conn:
             return self.dialect.replay(conn, ids=ids, topic=topic, key=key)
-
-
-def _first_in_transaction(conn: Connection, outbox: Outbox) -> bool:
-    """True for the first enqueue of ``outbox`` in the connection's current transaction.
-
-    Only that enqueue carries the wake-up (NOTIFY). A rolled-back savepoint
-    takes a wake-up sent inside it along: the marks are dropped then, so the
-    next enqueue of the transaction sends it again (PostgreSQL folds repeats).
-    """
-    marks: dict[int, object] = conn.info.setdefault("outbox_marks", {})
-    tx = conn.get_transaction()
-    if marks.get(id(outbox)) is tx:
-        return False
-    marks[id(outbox)] = tx
-    engine = conn.engine
-    if engine not in _SAVEPOINTS_HOOKED:
-        _SAVEPOINTS_HOOKED.add(engine)
-        sa.event.listen(engine, "rollback_savepoint", _forget_wake_ups)
-    return True
-
-
-def _forget_wake_ups(connection: Connection, name: str, context: object) -> None:
-    connection.info.pop("outbox_marks", None)
-
-
-_HOOKED: weakref.WeakSet[Engine] = weakref.WeakSet()
-_SAVEPOINTS_HOOKED: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-def _wake_after_commit(conn: Connection, relays: weakref.WeakSet[Relay]) -> None:
-    """Wake this process's relays when the connection's transaction commits.
-
-    SQLAlchemy's engine-level ``commit`` event fires just before the database
-    commit; a woken relay that finds nothing looks once more a moment later.
-    """
-    pending: set[Relay] = conn.info.setdefault("outbox_wake", set())
-    pending.update(relays)
-    engine = conn.engine
-    if engine in _HOOKED:
-        return
-    _HOOKED.add(engine)
-
-    def on_commit(connection: Connection) -> None:
-        for relay in connection.info.pop("outbox_wake", ()):
-            relay.wake()
-
-    def on_rollback(connection: Connection) -> None:
-        connection.info.pop("outbox_wake", None)
-
-    sa.event.listen(engine, "commit", on_commit)
-    sa.event.listen(engine, "rollback", on_rollback)
 
 
 def _aware(value: datetime) -> datetime:

@@ -299,6 +299,7 @@ class Relay:
                         lease=s.lease,
                         token=token,
                         run_length=s.run_length,
+                        block_on_dead=s.block_on_dead,
                     )
                 else:
                     events = self.dialect.claim(
@@ -307,6 +308,7 @@ class Relay:
                         lease=s.lease,
                         token=token,
                         ordered=s.ordered,
+                        block_on_dead=s.block_on_dead,
                     )
         except DatabaseError:
             self._drop_connection()

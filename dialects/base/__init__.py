@@ -57,6 +57,7 @@ from outbox_core.dialects.base.values import (
     LiveLeases,
     ServerInfo,
     SessionLimits,
+    chunked,
     delete_in_batches,
     version_prefix,
 )
@@ -110,20 +111,20 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
     #: The clock is the application's (``now()`` is a bound value, not SQL):
     #: a prepared enqueue binds it per call.
     app_clock: ClassVar[bool] = False
-    #: Largest claim batch the dialect accepts.
+    #: Largest claim batch the dialect accepts, and the most ids one statement
+    #: binds (SQL Server takes at most 2,100 parameters per statement).
     max_batch: ClassVar[int] = 10_000
     #: Why the server cannot end a transaction its client froze in (None: it
     #: can, through :meth:`limit_session`'s idle limit).
     frozen_transactions_stay: ClassVar[str | None] = None
 
-    def __init__(self, tables: OutboxTables, *, block_on_dead: bool = True) -> None:
+    def __init__(self, tables: OutboxTables) -> None:
         self.tables = tables
         self.table = tables.outbox
-        self.block_on_dead = block_on_dead
         # Ordered claims visit keys round-robin from here (see key_window); a
         # hint shared by the relays of this process, so races are harmless.
         self._key_cursor: str | None = None
-        self._scans: dict[tuple[bool, int, int, int], sa.CompoundSelect[Any]] = {}
+        self._scans: dict[tuple[bool, int, int, int, bool], sa.CompoundSelect[Any]] = {}
         self._prepared: dict[tuple[bool, bool], sa.Executable] = {}
         self._claims: dict[tuple[int, float], sa.Executable] = {}
         self._marks: dict[bool, sa.Executable] = {}
@@ -453,14 +454,22 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
 
     @abstractmethod
     def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        block_on_dead: bool = True,
     ) -> list[Event]:
         """Lease up to ``limit`` due pending events, oldest first, under ``token``.
 
         Concurrent claims on separate connections never return the same row
         and never wait for each other's locks (except on SQLite, where writers
         take turns). ``attempts`` is incremented. In ``ordered`` mode only the
-        head of each key is eligible.
+        head of each key is eligible; ``block_on_dead``: a dead head still
+        holds its key back.
         """
 
     def claim_returning(
@@ -540,8 +549,9 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         stmt = self._marks.get(delete)
         if stmt is None:
             stmt = self._marks[delete] = self._mark_sent_statement(delete)
+        params = {"o_ids": list(ids), "o_token": token, **self.clock_params()}
         with self.transaction(conn):
-            return conn.execute(stmt, {"o_ids": list(ids), "o_token": token}).rowcount
+            return conn.execute(stmt, params).rowcount
 
     def _mark_sent_statement(self, delete: bool) -> sa.Executable:
         t = self.table
@@ -555,7 +565,9 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         return (
             sa.update(t)
             .where(mine)
-            .values(state=int(State.SENT), sent_at=self.now(), lease_owner=None, lease_until=None)
+            # clock(), not now(): the statement is cached, and the application's
+            # clock (SQLite) must be read at each mark, not when it was built.
+            .values(state=int(State.SENT), sent_at=self.clock(), lease_owner=None, lease_until=None)
         )
 
     def mark_failed(self, conn: Connection, failures: Sequence[Failure], *, token: str) -> int:
@@ -695,10 +707,13 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
         pick = self.lock_rows(sa.select(t.c.id).where(old_sent).order_by(t.c.id).limit(batch))
         with self.transaction(conn):
             ids = list(conn.execute(pick).scalars())
-            if not ids:
-                return 0
-            stmt = sa.delete(t).where(self.id_in(ids), in_state(t.c.state, State.SENT))
-            return conn.execute(stmt).rowcount
+            # Deleted by id in chunks a statement can bind (SQL Server: 2,100 parameters).
+            return sum(
+                conn.execute(
+                    sa.delete(t).where(self.id_in(chunk), in_state(t.c.state, State.SENT))
+                ).rowcount
+                for chunk in chunked(ids, self.max_batch)
+            )
 
     def replay(
         self,
@@ -771,20 +786,24 @@ class Dialect(StorageRules, TableReads, OrderedClaims, ABC):
             .limit(batch)
         )
         with self.transaction(conn):
-            by_consumer: dict[str, list[str]] = {}
-            for consumer, event_id in conn.execute(pick):
-                by_consumer.setdefault(consumer, []).append(str(event_id))
-            if not by_consumer:
-                return 0
-            # One (consumer = ? AND event_id IN (...)) per consumer: it uses the
-            # primary key on every database, with no row-value IN (SQL Server has none).
-            match = sa.or_(
-                *(
-                    sa.and_(t.c.consumer == consumer, t.c.event_id.in_(ids))
-                    for consumer, ids in by_consumer.items()
+            picked = list(conn.execute(pick))
+            deleted = 0
+            # In chunks a statement can bind (SQL Server: 2,100 parameters; a
+            # chunk binds at most two per row).
+            for chunk in chunked(picked, self.max_batch):
+                by_consumer: dict[str, list[str]] = {}
+                for consumer, event_id in chunk:
+                    by_consumer.setdefault(consumer, []).append(str(event_id))
+                # One (consumer = ? AND event_id IN (...)) per consumer: it uses the
+                # primary key on every database, with no row-value IN (SQL Server has none).
+                match = sa.or_(
+                    *(
+                        sa.and_(t.c.consumer == consumer, t.c.event_id.in_(ids))
+                        for consumer, ids in by_consumer.items()
+                    )
                 )
-            )
-            return conn.execute(sa.delete(t).where(match)).rowcount
+                deleted += conn.execute(sa.delete(t).where(match)).rowcount
+            return deleted
 
 
 class ReturningDialect(Dialect):
@@ -804,11 +823,19 @@ class ReturningDialect(Dialect):
         token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
+        block_on_dead: bool = True,
     ) -> sa.Executable:
         """Pick up to ``limit`` rows (skipping rows other claims hold), lease and return them."""
 
     def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        block_on_dead: bool = True,
     ) -> list[Event]:
         """Lease up to ``limit`` rows in one statement (after the key walk in ordered mode).
 
@@ -826,10 +853,19 @@ class ReturningDialect(Dialect):
                 self._claims[limit, lease] = stmt
             return self.claim_returning(conn, stmt, token, {"o_token": token})
         with self.transaction(conn):
-            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            window = (
+                self.key_window(conn, limit=limit, run_length=1, block_on_dead=block_on_dead)
+                if ordered
+                else None
+            )
             if ordered and window is None:
                 return []
             stmt = self.claim_statement(
-                limit=limit, lease=lease, token=token, ordered=ordered, window=window
+                limit=limit,
+                lease=lease,
+                token=token,
+                ordered=ordered,
+                window=window,
+                block_on_dead=block_on_dead,
             )
             return self.claim_returning(conn, stmt, token)

@@ -20,11 +20,10 @@ class OrderedClaims:
 
     if TYPE_CHECKING:  # what the mixin uses of Dialect
         table: sa.Table
-        block_on_dead: bool
         group_key_scan: ClassVar[bool]
         app_clock: ClassVar[bool]
         _key_cursor: str | None
-        _scans: dict[tuple[bool, int, int, int], sa.CompoundSelect[Any]]
+        _scans: dict[tuple[bool, int, int, int, bool], sa.CompoundSelect[Any]]
 
         def now(self) -> sa.ColumnElement[datetime]: ...  # noqa: D102
 
@@ -52,14 +51,14 @@ class OrderedClaims:
         """WHERE terms of a claim: pending and due."""
         return [in_state(o.c.state, State.PENDING), o.c.available_at <= self.now()]
 
-    def head_of_key(self, o: sa.FromClause) -> sa.ColumnElement[bool]:
+    def head_of_key(self, o: sa.FromClause, block_on_dead: bool) -> sa.ColumnElement[bool]:
         """Ordered mode: the row has no key, or no earlier unsent row of its key.
 
         A plain read with no lock hint: SKIP LOCKED or READPAST here would skip
         a leased head and let its successor overtake it.
         """
         p = self.table.alias("p")
-        blocking = [State.PENDING, State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
+        blocking = [State.PENDING, State.LEASED] + ([State.DEAD] if block_on_dead else [])
         # One EXISTS per state: each is a single range of (state, key, id); with
         # state IN (...) MariaDB uses only the index's first column.
         earlier = [
@@ -73,11 +72,13 @@ class OrderedClaims:
         o: sa.FromClause,
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
+        *,
+        block_on_dead: bool = True,
     ) -> list[sa.ColumnElement[bool]]:
         """All WHERE terms of a claim; ``window`` comes from :meth:`key_window`."""
         terms = self.claimable(o)
         if ordered:
-            terms.append(self.head_of_key(o))
+            terms.append(self.head_of_key(o, block_on_dead))
         if window is not None:
             terms.append(window)
         return terms
@@ -169,7 +170,7 @@ class OrderedClaims:
         return keys.join(r, on), r.c.id
 
     def run_scan(
-        self, *, after: str | None, count: int, run_length: int, limit: int
+        self, *, after: str | None, count: int, run_length: int, limit: int, block_on_dead: bool
     ) -> sa.CompoundSelect[Any]:
         """The first ``limit`` ids, in id order, of the runs of the keys :meth:`key_scan` visits.
 
@@ -181,7 +182,7 @@ class OrderedClaims:
         t = self.table
         keys = self.key_scan(after=after, count=count, run_length=run_length).cte("visited")
         b = t.alias("b")
-        blocking = [State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
+        blocking = [State.LEASED] + ([State.DEAD] if block_on_dead else [])
         blocked = sa.or_(
             *(
                 sa.exists().where(
@@ -224,7 +225,7 @@ class OrderedClaims:
         return {"o_now": self.utcnow()} if self.app_clock else {}
 
     def key_window(
-        self, conn: Connection, *, limit: int, run_length: int
+        self, conn: Connection, *, limit: int, run_length: int, block_on_dead: bool
     ) -> sa.ColumnElement[bool] | None:
         """Ordered claims: ``id IN (...)`` over the first ``run_length`` pending rows of some keys.
 
@@ -246,7 +247,9 @@ class OrderedClaims:
         wrapped = after is None
         ids: list[int] = []
         for _ in range(MAX_WALKS):
-            found, last, visited = self._scan_runs(conn, after, count, run_length, limit)
+            found, last, visited = self._scan_runs(
+                conn, after, (count, run_length, limit, block_on_dead)
+            )
             ids += found
             if visited < count:  # past the last key
                 after = None
@@ -272,14 +275,21 @@ class OrderedClaims:
         return self.id_in(sorted(set(ids))[:limit])
 
     def _scan_runs(
-        self, conn: Connection, after: str | None, count: int, run_length: int, limit: int
+        self, conn: Connection, after: str | None, scan: tuple[int, int, int, bool]
     ) -> tuple[list[int], str | None, int]:
         # Built once per shape (building costs more than running it); the
         # cursor and the application's clock are bound parameters.
-        shape = (after is None, count, run_length, limit)
+        shape = (after is None, *scan)
         stmt = self._scans.get(shape)
         if stmt is None:
-            stmt = self.run_scan(after=after, count=count, run_length=run_length, limit=limit)
+            count, run_length, limit, block_on_dead = scan
+            stmt = self.run_scan(
+                after=after,
+                count=count,
+                run_length=run_length,
+                limit=limit,
+                block_on_dead=block_on_dead,
+            )
             self._scans[shape] = stmt
         ids: list[int] = []
         last: str | None = None
@@ -303,7 +313,14 @@ class OrderedClaims:
         return select
 
     def claim_runs(
-        self, conn: Connection, *, limit: int, lease: float, token: str, run_length: int
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        run_length: int,
+        block_on_dead: bool = True,
     ) -> list[Event]:
         """Ordered mode with runs: per key, up to ``run_length`` consecutive due events.
 
@@ -320,7 +337,7 @@ class OrderedClaims:
         """
         t = self.table
         p = t.alias("p")
-        blocked = [State.LEASED] + ([State.DEAD] if self.block_on_dead else [])
+        blocked = [State.LEASED] + ([State.DEAD] if block_on_dead else [])
         # One EXISTS per state, as in head_of_key: a single index range each.
         earlier_blocked = sa.or_(
             *(
@@ -335,7 +352,9 @@ class OrderedClaims:
             ),
         )
         with self.transaction(conn):
-            window = self.key_window(conn, limit=limit, run_length=run_length)
+            window = self.key_window(
+                conn, limit=limit, run_length=run_length, block_on_dead=block_on_dead
+            )
             if window is None:
                 return []
             candidates = self.lock_rows(
@@ -345,7 +364,7 @@ class OrderedClaims:
                 .limit(limit)
             )
             rows = conn.execute(candidates).all()
-            valid = self.run_prefixes(conn, rows)
+            valid = self.run_prefixes(conn, rows, block_on_dead)
             runs: dict[str, int] = {}
             for r in rows:
                 if r[3] is not None and int(r[0]) in valid:
@@ -362,7 +381,7 @@ class OrderedClaims:
         # The rows were read before the UPDATE counted this attempt.
         return [self.to_event(r, token, attempts_offset=1) for r in rows if int(r[0]) in valid]
 
-    def run_prefixes(self, conn: Connection, rows: Sequence[Any]) -> set[int]:
+    def run_prefixes(self, conn: Connection, rows: Sequence[Any], block_on_dead: bool) -> set[int]:
         """Ids of the locked ``rows`` that are their key's first unsent rows, in order.
 
         A plain read (no lock hint): a row another claim holds, skipped by
@@ -374,7 +393,7 @@ class OrderedClaims:
         if not keys:
             return valid
         unsent = [int(State.PENDING), int(State.LEASED)]
-        if self.block_on_dead:
+        if block_on_dead:
             unsent.append(int(State.DEAD))
         # One bound for all keys keeps the read a plain range scan everywhere
         # (an OR of per-key ranges makes MariaDB scan the table); one SELECT

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from outbox_core.message import State
+
+T = TypeVar("T")
 
 #: Longest error text kept in ``last_error``.
 MAX_ERROR = 2000
@@ -114,6 +116,12 @@ class SessionLimits:
         a lock wait means a stuck session: fail fast and let the lease decide.
         """
         return cls(idle_in_transaction=max(lease, 1.0), lock_wait=min(max(lease / 4, 0.5), 5.0))
+
+
+def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def delete_in_batches(

@@ -256,13 +256,14 @@ class MssqlDialect(ReturningDialect):
         token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
+        block_on_dead: bool = True,
     ) -> sa.Update:
         """The claim: an updatable CTE read with ``READPAST``; the rows are read back by token."""
         t = self.table
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]
         picked = self.lock_rows(
             sa.select(*cols)
-            .where(*self.claim_filter(t, ordered, window))
+            .where(*self.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(min(limit, self.max_batch))
         ).cte("c")

@@ -224,19 +224,31 @@ class MysqlDialect(Dialect):
         return select.with_for_update(skip_locked=True)
 
     def claim_statement(
-        self, *, limit: int, ordered: bool, window: sa.ColumnElement[bool] | None = None
+        self,
+        *,
+        limit: int,
+        ordered: bool,
+        window: sa.ColumnElement[bool] | None = None,
+        block_on_dead: bool = True,
     ) -> sa.Select[Any]:
         """``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED``: read and lock the rows."""
         t = self.table
         return self.lock_rows(
             sa.select(*self.claim_columns(t))
-            .where(*self.claim_filter(t, ordered, window))
+            .where(*self.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(limit)
         )
 
     def claim(
-        self, conn: Connection, *, limit: int, lease: float, token: str, ordered: bool
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        ordered: bool,
+        block_on_dead: bool = True,
     ) -> list[Event]:
         """Lock due rows with SKIP LOCKED, lease them by id, commit.
 
@@ -247,11 +259,17 @@ class MysqlDialect(Dialect):
         """
         t = self.table
         with self.transaction(conn):
-            window = self.key_window(conn, limit=limit, run_length=1) if ordered else None
+            window = (
+                self.key_window(conn, limit=limit, run_length=1, block_on_dead=block_on_dead)
+                if ordered
+                else None
+            )
             if ordered and window is None:
                 return []
             if ordered:
-                pick: sa.Executable = self.claim_statement(limit=limit, ordered=True, window=window)
+                pick: sa.Executable = self.claim_statement(
+                    limit=limit, ordered=True, window=window, block_on_dead=block_on_dead
+                )
             else:  # built once per batch size (see ReturningDialect.claim)
                 cached = self._claims.get((limit, 0.0))
                 if cached is None:
@@ -261,7 +279,7 @@ class MysqlDialect(Dialect):
                 pick = cached
             rows = conn.execute(pick).all()
             if ordered and rows:
-                heads = self.run_prefixes(conn, rows)
+                heads = self.run_prefixes(conn, rows, block_on_dead)
                 seen: set[str] = set()
                 kept = []
                 for r in rows:

@@ -306,10 +306,15 @@ class PostgresqlDialect(ReturningDialect):
         token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
+        block_on_dead: bool = True,
     ) -> sa.Update:
         """``WITH c AS MATERIALIZED (SELECT ... SKIP LOCKED) UPDATE ... FROM c RETURNING``."""
         t = self.table
-        pick = sa.select(t.c.id).where(*self.claim_filter(t, ordered, window)).order_by(t.c.id)
+        pick = (
+            sa.select(t.c.id)
+            .where(*self.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
+            .order_by(t.c.id)
+        )
         picked = self.lock_rows(pick.limit(limit)).cte("c").prefix_with("MATERIALIZED")
         return (
             sa.update(t)

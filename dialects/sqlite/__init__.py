@@ -129,6 +129,7 @@ class SqliteDialect(ReturningDialect):
         token: str | sa.BindParameter[str],
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
+        block_on_dead: bool = True,
     ) -> sa.Update:
         """``UPDATE ... WHERE id IN (SELECT id ... LIMIT n) RETURNING``.
 
@@ -138,7 +139,7 @@ class SqliteDialect(ReturningDialect):
         t = self.table
         picked = (
             sa.select(t.c.id)
-            .where(*self.claim_filter(t, ordered, window))
+            .where(*self.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(limit)
             .scalar_subquery()

@@ -419,12 +419,9 @@ def test_ordered_dead_head_blocks_its_key_unless_told_otherwise(
     relay.close()
     with connection(outbox) as conn:
         assert claim(outbox, conn, "a", ordered=True) == []
-    skipping = Outbox(db_url, table=outbox.table.name, block_on_dead=False)
-    try:
-        with connection(skipping) as conn:
-            assert [e.event_id for e in claim(skipping, conn, "b", ordered=True)] == [k[1]]
-    finally:
-        skipping.dispose()
+    with connection(outbox) as conn:
+        skipping = claim(outbox, conn, "b", ordered=True, block_on_dead=False)
+        assert [e.event_id for e in skipping] == [k[1]]
     assert queue.snapshot() == []
 
 

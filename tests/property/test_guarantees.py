@@ -52,7 +52,7 @@ FIND_RARE_BUG = settings(
 
 def _broken(dialect: Dialect, **overrides: object) -> Dialect:
     cls = type(f"Broken{type(dialect).__name__}", (type(dialect),), dict(overrides))
-    return cls(dialect.tables, block_on_dead=dialect.block_on_dead)  # type: ignore[no-any-return]
+    return cls(dialect.tables)  # type: ignore[no-any-return]
 
 
 def test_finds_missing_head_of_key_check(backend: str, machine_outbox: Outbox) -> None:

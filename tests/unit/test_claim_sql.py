@@ -84,11 +84,11 @@ def test_sqlite_claim_updates_with_returning() -> None:
 
 @pytest.mark.parametrize("block_on_dead, states", [(True, (0, 1, 3)), (False, (0, 1))])
 def test_head_of_key_blocking_states(block_on_dead: bool, states: tuple[int, ...]) -> None:
-    d = make("postgresql", block_on_dead=block_on_dead)
+    d = make("postgresql")
     t = d.table
     sql = str(
         sa.select(t.c.id)
-        .where(d.head_of_key(t))
+        .where(d.head_of_key(t, block_on_dead))
         .compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
     )
     # One EXISTS per blocking state: a single (state, key, id) range each.
@@ -126,7 +126,9 @@ def test_ordered_claims_walk_the_keys_not_the_backlog(
     name: str, dialect: sa.Dialect, walk: str
 ) -> None:
     d = make(name)
-    sql = compiled(d.run_scan(after="k7", count=500, run_length=10, limit=500), dialect)
+    sql = compiled(
+        d.run_scan(after="k7", count=500, run_length=10, limit=500, block_on_dead=True), dialect
+    )
     assert walk in sql
     # Every probe reads pending rows of one key through (state, key, id).
     assert "state = " in sql and "ROW_NUMBER" not in sql
@@ -139,7 +141,9 @@ def test_ordered_claims_walk_the_keys_not_the_backlog(
 @pytest.mark.parametrize("name", ["postgresql", "mysql", "sqlite", "mssql"])
 def test_run_length_one_takes_the_heads_without_a_join(name: str) -> None:
     d = make(name)
-    sql = compiled(d.run_scan(after=None, count=5, run_length=1, limit=5), _dialect(name))
+    sql = compiled(
+        d.run_scan(after=None, count=5, run_length=1, limit=5, block_on_dead=True), _dialect(name)
+    )
     assert " JOIN " not in sql
 
 
