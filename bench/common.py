@@ -19,7 +19,7 @@ PAYLOAD = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
 
 def bulk_prefill(outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_000) -> float:
     """Insert ``total`` due pending events with multi-row INSERTs; returns events/s."""
-    now = outbox.dialect.bind_time(datetime.now(UTC).replace(tzinfo=None))
+    now = outbox.dialect.storage.bind_time(datetime.now(UTC).replace(tzinfo=None))
     started = time.perf_counter()
     for start in range(0, total, chunk):
         rows = [

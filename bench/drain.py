@@ -44,7 +44,7 @@ def own_statements(outbox: Outbox, batch: int) -> float:
     """The toolkit's claim + mark_sent in a bare loop on one connection: events/s."""
     dialect = outbox.dialect
     moved = 0
-    conn = dialect.connect(outbox.engine)
+    conn = outbox.engine.connect()
     started = time.perf_counter()
     try:
         for n in range(10**9):

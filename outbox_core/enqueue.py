@@ -44,7 +44,7 @@ class Producer:
         """Write ``event`` in the port's transaction; return its ``event_id``."""
         self.check(port, event)
         first = port.first_event(self)
-        statement, params = self.dialect.enqueue_call(event, notify=notify and first)
+        statement, params = self.dialect.enqueue.call(event, notify=notify and first)
         port.execute(statement, params)
         if first:
             self._wake_after_commit(port)
@@ -55,7 +55,7 @@ class Producer:
         if not events:
             return
         first = port.first_event(self)
-        calls = self.dialect.enqueue_many_calls(events, notify=notify and first, driver=port.driver)
+        calls = self.dialect.enqueue.many_calls(events, notify=notify and first, driver=port.driver)
         for statement, params in calls:
             port.execute(statement, params)
         if first:
@@ -101,7 +101,7 @@ class Producer:
 
     def check(self, port: TransactionPort, event: NewEvent) -> None:
         """What this database cannot store is refused before anything is written."""
-        storage = self.dialect
+        storage = self.dialect.storage
         if not storage.initialized:
             with translate_errors("reading the server's capabilities"):
                 bind = port.bind

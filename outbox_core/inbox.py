@@ -200,7 +200,7 @@ class Inbox:
 
     def insert_statement(self, consumer: str, event_id: str | uuid.UUID) -> sa.Insert:
         """The validated native insert-if-absent (1 row: new; 0 rows: duplicate)."""
-        stmt = self.dialect.inbox_insert(validate_consumer(consumer), normalize_event_id(event_id))
+        stmt = self.dialect.inbox.insert(validate_consumer(consumer), normalize_event_id(event_id))
         # SQLAlchemy only keeps the driver's rowcount of UPDATE and DELETE unless told to.
         return stmt.execution_options(preserve_rowcount=True)
 
@@ -224,7 +224,7 @@ class Inbox:
             )
         stmt = self.insert_statement(consumer, event_id)
         bind = conn if isinstance(conn, Connection) else conn.connection()
-        self.dialect.inbox_guard(bind, consumer, normalize_event_id(event_id))
+        self.dialect.inbox.guard(bind, consumer, normalize_event_id(event_id))
         return _rowcount(conn.execute(stmt)) == 1
 
     def seen(self, conn: Connection | Session, consumer: str, event_id: str | uuid.UUID) -> bool:
@@ -279,7 +279,7 @@ class Inbox:
             raise ConfigurationError("inbox cleanup: batch must be at least 1")
         with translate_errors("inbox cleanup"), self.outbox.engine.connect() as conn:
             return delete_in_batches(
-                lambda n: self.dialect.inbox_cleanup(conn, older_than=older_than, batch=n),
+                lambda n: self.dialect.inbox.cleanup(conn, older_than=older_than, batch=n),
                 batch=batch,
                 max_batches=max_batches,
             )

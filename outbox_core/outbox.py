@@ -176,7 +176,7 @@ class Outbox:
         """The engine for installs, status and relays (created from the URL on first use)."""
         if self._engine is None:
             options: dict[str, Any] = {"pool_pre_ping": True}
-            options.update(self.dialect.engine_options())
+            options.update(self.dialect.session.engine_options())
             options.update(self._engine_options)
             try:
                 self._engine = sa.create_engine(self.url, **options)
@@ -329,9 +329,9 @@ class Outbox:
     def status(self) -> Status:
         """Counts per state, age of the oldest pending event, dead events per topic."""
         with translate_errors("status"), self.engine.connect() as conn:
-            counts = self.dialect.state_counts(conn)
-            activity = self.dialect.activity(conn)
-            dead_rows = self.dialect.dead_by_topic(conn)
+            counts = self.dialect.reads.state_counts(conn)
+            activity = self.dialect.reads.activity(conn)
+            dead_rows = self.dialect.reads.dead_by_topic(conn)
         now, oldest, last_sent = (
             activity.now,
             activity.oldest_pending_created,

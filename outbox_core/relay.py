@@ -20,7 +20,7 @@ Liveness (docs/design.md, Liveness):
 * **Maintenance is off the settle path.** ``run()`` reaps, cleans up and
   renews leases on a thread and connection of its own; reap and cleanup skip
   rows other sessions hold, and every relay connection carries the
-  dialect's server-side limits (:meth:`Dialect.limit_session`).
+  dialect's server-side limits (:meth:`SessionSetup.configure`).
 * **A lease covers publishing, not waiting.** Batches claimed but not yet
   settled have their leases renewed while they wait or publish, and a batch
   whose lease is older than half of it is re-validated (renewed, keeping only
@@ -197,7 +197,7 @@ class Relay:
         #: Ordered relays check the database can serve ordered claims (Dialect.check_ordered)
         #: before their first claim: at start, or on their first connection if it was down.
         self._ordered_checked = not settings.ordered
-        #: Server-side bounds on every relay connection (see Dialect.limit_session).
+        #: Server-side bounds on every relay connection (see SessionSetup.configure).
         self.limits = SessionLimits.for_lease(settings.lease)
         self._idle_limit: float | None = None
         #: Is the broker up? Changed only by the publishing thread.
@@ -228,18 +228,18 @@ class Relay:
         if conn is None or conn.closed or conn.invalidated or stale:
             self._drop_connection()
             with translate_errors("connect"):
-                conn = self.dialect.connect(self.engine)
+                conn = self.engine.connect()
                 try:
                     with self.dialect.transaction(conn):
-                        self.dialect.initialize(conn)
-                    self.dialect.limit_session(conn, self.limits)
+                        self.dialect.storage.initialize(conn)
+                    self.dialect.session.configure(conn, self.limits)
                     if not self._ordered_checked:
                         self.dialect.check_ordered(conn)  # UnsupportedDatabase ends run()
                         self._ordered_checked = True
                 except BaseException:
                     conn.close()
                     raise
-            self._idle_limit = self.dialect.idle_limit(self.limits)
+            self._idle_limit = self.dialect.session.idle_limit(self.limits)
             self._local.conn = conn
             with self._conns_lock:
                 self._conns.append(conn)
@@ -293,7 +293,7 @@ class Relay:
         try:
             with translate_errors("claim"):
                 if s.ordered and s.run_length > 1:
-                    events = self.dialect.claim_runs(
+                    events = self.dialect.keys.claim_runs(
                         self.conn,
                         limit=self.batch_size,
                         lease=s.lease,
@@ -890,7 +890,7 @@ class Relay:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                listener = self.dialect.listener(self.engine)
+                listener = self.dialect.enqueue.listener(self.engine)
             except Exception as exc:
                 log.warning("LISTEN failed (%s); polling, retrying in %.0fs", exc, backoff)
                 self._stop.wait(backoff)

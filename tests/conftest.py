@@ -21,13 +21,14 @@ import sqlalchemy as sa
 
 from outbox_core import Outbox
 from outbox_core.dialects.base import dialect_families, get_dialect
+from outbox_core.dialects.base.provision import provision_for
 from outbox_core.schema import OutboxTables
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 
 #: Every registered database family: a new dialect package runs every suite with
-#: no change here (its provisioning is the dialect's test_url / test_required_in_ci).
+#: no change here (its provisioning is the ``provision`` module beside its dialect).
 ALL_BACKENDS = dialect_families()
-REQUIRED_IN_CI = {b for b in ALL_BACKENDS if get_dialect(b).test_required_in_ci} | {"rabbitmq"}
+REQUIRED_IN_CI = {b for b in ALL_BACKENDS if provision_for(b).required_in_ci} | {"rabbitmq"}
 #: ``OUTBOX_TEST_BACKENDS=postgresql,sqlite`` runs the database suites on those only
 #: (the compatibility matrix runs one database at a time).
 BACKENDS = [
@@ -51,7 +52,7 @@ def unavailable(service: str, reason: str) -> None:
 
 
 def server_url(backend: str, workdir: Path | None = None) -> str | None:
-    return get_dialect(backend).test_url(workdir or Path(tempfile.mkdtemp()))
+    return provision_for(backend).test_url(workdir or Path(tempfile.mkdtemp()))
 
 
 def _probe(url: str) -> str | None:
@@ -59,7 +60,7 @@ def _probe(url: str) -> str | None:
     if url in _reachable:
         return _reachable[url]
     dialect = get_dialect(sa.make_url(url).get_backend_name())(OutboxTables.create())
-    args = dialect.connect_timeout_args(3)
+    args = dialect.session.connect_timeout_args(3)
     try:
         engine = sa.create_engine(url, connect_args=args)
         with engine.connect() as conn:
@@ -93,7 +94,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 def db_url(backend: str, tmp_path: Path) -> str:
     """A reachable URL for ``backend`` (skip or fail as the rules above say)."""
     url = server_url(backend, tmp_path)
-    if url is not None and not get_dialect(backend).test_needs_server:
+    if url is not None and not provision_for(backend).needs_server:
         return url  # a file: nothing to reach
     if url is None:
         pytest.skip(f"{backend}: set OUTBOX_TEST_{backend.upper()}_URL to run")

@@ -1,7 +1,7 @@
 """Helpers shared by the contract, property and chaos suites.
 
 Lock waits are bounded the way relays bound them: with the dialect's own
-:meth:`~outbox_core.dialects.base.Dialect.limit_session`, so the tests hold no
+:meth:`~outbox_core.dialects.base.SessionSetup.configure`, so the tests hold no
 database's SET statements of their own.
 """
 
@@ -20,7 +20,7 @@ def _limits(seconds: int) -> SessionLimits:
 
 def set_lock_timeout(conn: sa.Connection, backend: str, seconds: int) -> None:
     """Bound lock waits on one connection, so a claim that waited fails loudly."""
-    get_dialect(backend)(OutboxTables.create()).limit_session(conn, _limits(seconds))
+    get_dialect(backend)(OutboxTables.create()).session.configure(conn, _limits(seconds))
 
 
 def bound_lock_waits(engine: sa.Engine, backend: str, seconds: int) -> None:
@@ -31,5 +31,5 @@ def bound_lock_waits(engine: sa.Engine, backend: str, seconds: int) -> None:
     def _on_connect(conn: sa.Connection) -> None:
         info = conn.connection.info  # the driver connection's: once per connection, not checkout
         if not info.get("outbox_test_lock_wait"):
-            dialect.limit_session(conn, _limits(seconds))
+            dialect.session.configure(conn, _limits(seconds))
             info["outbox_test_lock_wait"] = True

@@ -1,10 +1,8 @@
-"""Claims in ordered mode: the head-of-key rule and the walk over keys (a mixin of Dialect)."""
+"""Claims in ordered mode: the head-of-key rule and the walk over keys (a part of Dialect)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
@@ -14,42 +12,28 @@ from outbox_core.dialects.base.values import MAX_KEYS_PER_CLAIM, MAX_WALKS, NO_E
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
 
+if TYPE_CHECKING:
+    from outbox_core.dialects.base.dialect import Dialect
 
-class OrderedClaims:
+
+class KeyWalk:
     """How ordered claims pick heads (and runs) of keys without reading the backlog."""
 
-    if TYPE_CHECKING:  # what the mixin uses of Dialect
-        table: sa.Table
-        group_key_scan: ClassVar[bool]
-        app_clock: ClassVar[bool]
-        _key_cursor: str | None
-        _scans: dict[tuple[bool, int, int, int, bool], sa.CompoundSelect[Any]]
+    #: Find keys with ``GROUP BY`` (MySQL runs it as a loose index scan; SQL
+    #: Server's recursive CTEs allow no subqueries) instead of a recursive CTE.
+    group_key_scan: ClassVar[bool] = False
 
-        def now(self) -> sa.ColumnElement[datetime]: ...  # noqa: D102
-
-        def after(self, seconds: float) -> sa.ColumnElement[datetime]: ...  # noqa: D102
-
-        def utcnow(self) -> datetime: ...  # noqa: D102
-
-        def transaction(self, conn: Connection) -> AbstractContextManager[Connection]: ...  # noqa: D102
-
-        def id_in(self, ids: Sequence[int]) -> sa.ColumnElement[bool]: ...  # noqa: D102
-
-        def claim_columns(self, o: sa.FromClause) -> list[sa.ColumnElement[Any]]: ...  # noqa: D102
-
-        def lease_values(  # noqa: D102
-            self,
-            *,
-            lease: float,
-            token: str | sa.BindParameter[str],
-            target: sa.FromClause | None = None,
-        ) -> dict[str, Any]: ...
-
-        def to_event(self, row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event: ...  # noqa: D102
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.table = dialect.table
+        # Keys are visited round-robin from here (see key_window); a hint
+        # shared by the relays of this process, so races are harmless.
+        self._key_cursor: str | None = None
+        self._scans: dict[tuple[bool, int, int, int, bool], sa.CompoundSelect[Any]] = {}
 
     def claimable(self, o: sa.FromClause) -> list[sa.ColumnElement[bool]]:
         """WHERE terms of a claim: pending and due."""
-        return [in_state(o.c.state, State.PENDING), o.c.available_at <= self.now()]
+        return [in_state(o.c.state, State.PENDING), o.c.available_at <= self.dialect.now()]
 
     def head_of_key(self, o: sa.FromClause, block_on_dead: bool) -> sa.ColumnElement[bool]:
         """Ordered mode: the row has no key, or no earlier unsent row of its key.
@@ -190,7 +174,7 @@ class OrderedClaims:
                 )
                 for s in blocking
             ),
-            sa.exists().where(b.c.id == keys.c.head, b.c.available_at > self.clock()),
+            sa.exists().where(b.c.id == keys.c.head, b.c.available_at > self.dialect.clock()),
         )
         if run_length == 1:
             source: sa.FromClause = keys
@@ -211,18 +195,6 @@ class OrderedClaims:
             sa.select(picked.c.id, sa.null().label("last_key"), sa.null().label("visited")),
             sa.select(sa.null(), sa.func.max(keys.c.key), sa.func.count()).select_from(keys),
         )
-
-    def clock(self) -> sa.ColumnElement[datetime]:
-        """:meth:`now` for statements built once and run many times.
-
-        The application's clock (SQLite) is a bound parameter, ``o_now``,
-        passed at each execution (see :meth:`clock_params`).
-        """
-        return sa.bindparam("o_now", type_=sa.DateTime()) if self.app_clock else self.now()
-
-    def clock_params(self) -> dict[str, Any]:
-        """The parameters :meth:`clock` needs at execution."""
-        return {"o_now": self.utcnow()} if self.app_clock else {}
 
     def key_window(
         self, conn: Connection, *, limit: int, run_length: int, block_on_dead: bool
@@ -263,7 +235,7 @@ class OrderedClaims:
             if found:
                 break
         self._key_cursor = after
-        unkeyed = self.lock_rows(
+        unkeyed = self.dialect.lock_rows(
             sa.select(t.c.id)
             .where(*self.claimable(t), t.c.key.is_(None))
             .order_by(t.c.id)
@@ -272,7 +244,7 @@ class OrderedClaims:
         ids += [int(i) for i in conn.execute(unkeyed).scalars()]
         if not ids:
             return None
-        return self.id_in(sorted(set(ids))[:limit])
+        return self.dialect.id_in(sorted(set(ids))[:limit])
 
     def _scan_runs(
         self, conn: Connection, after: str | None, scan: tuple[int, int, int, bool]
@@ -294,7 +266,7 @@ class OrderedClaims:
         ids: list[int] = []
         last: str | None = None
         visited = 0
-        params = self.clock_params()
+        params = self.dialect.clock_params()
         if after is not None:
             params["after"] = after
         for row_id, last_key, seen in conn.execute(stmt, params):
@@ -303,83 +275,6 @@ class OrderedClaims:
             else:
                 last, visited = last_key, int(seen or 0)
         return ids, last, visited
-
-    def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
-        """Lock the rows a claim picks, skipping rows other claims hold.
-
-        The default adds nothing: SQLite's ``BEGIN IMMEDIATE`` already makes
-        claims take turns. Row-locking databases override it.
-        """
-        return select
-
-    def claim_runs(
-        self,
-        conn: Connection,
-        *,
-        limit: int,
-        lease: float,
-        token: str,
-        run_length: int,
-        block_on_dead: bool = True,
-    ) -> list[Event]:
-        """Ordered mode with runs: per key, up to ``run_length`` consecutive due events.
-
-        In one transaction:
-
-        1. :meth:`key_window` picks the keys to look at and their runs' ends;
-        2. lock candidates among them (pending, due, no earlier leased, dead
-           or not-yet-due row of their key), skipping rows other claims hold;
-        3. a plain read of the keys' unsent rows: a key's locked rows count
-           only as far as they are the key's first unsent rows, and at most
-           ``run_length`` of them. A row skipped because another claim holds
-           it ends the run there;
-        4. lease what remains. The dropped rows' locks go at commit.
-        """
-        t = self.table
-        p = t.alias("p")
-        blocked = [State.LEASED] + ([State.DEAD] if block_on_dead else [])
-        # One EXISTS per state, as in head_of_key: a single index range each.
-        earlier_blocked = sa.or_(
-            *(
-                sa.exists().where(in_state(p.c.state, s), p.c.key == t.c.key, p.c.id < t.c.id)
-                for s in blocked
-            ),
-            sa.exists().where(
-                in_state(p.c.state, State.PENDING),
-                p.c.key == t.c.key,
-                p.c.id < t.c.id,
-                p.c.available_at > self.now(),
-            ),
-        )
-        with self.transaction(conn):
-            window = self.key_window(
-                conn, limit=limit, run_length=run_length, block_on_dead=block_on_dead
-            )
-            if window is None:
-                return []
-            candidates = self.lock_rows(
-                sa.select(*self.claim_columns(t))
-                .where(*self.claimable(t), window, sa.or_(t.c.key.is_(None), ~earlier_blocked))
-                .order_by(t.c.id)
-                .limit(limit)
-            )
-            rows = conn.execute(candidates).all()
-            valid = self.run_prefixes(conn, rows, block_on_dead)
-            runs: dict[str, int] = {}
-            for r in rows:
-                if r[3] is not None and int(r[0]) in valid:
-                    runs[r[3]] = runs.get(r[3], 0) + 1
-                    if runs[r[3]] > run_length:  # rows reaped back since the window was read
-                        valid.discard(int(r[0]))
-            if not valid:
-                return []
-            conn.execute(
-                sa.update(t)
-                .where(self.id_in(sorted(valid)), in_state(t.c.state, State.PENDING))
-                .values(self.lease_values(lease=lease, token=token))
-            )
-        # The rows were read before the UPDATE counted this attempt.
-        return [self.to_event(r, token, attempts_offset=1) for r in rows if int(r[0]) in valid]
 
     def run_prefixes(self, conn: Connection, rows: Sequence[Any], block_on_dead: bool) -> set[int]:
         """Ids of the locked ``rows`` that are their key's first unsent rows, in order.
@@ -418,3 +313,73 @@ class OrderedClaims:
             else:
                 broken.add(key)  # an earlier row we do not hold: the run stops here
         return valid
+
+    def claim_runs(
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        run_length: int,
+        block_on_dead: bool = True,
+    ) -> list[Event]:
+        """Ordered mode with runs: per key, up to ``run_length`` consecutive due events.
+
+        In one transaction:
+
+        1. :meth:`key_window` picks the keys to look at and their runs' ends;
+        2. lock candidates among them (pending, due, no earlier leased, dead
+           or not-yet-due row of their key), skipping rows other claims hold;
+        3. a plain read of the keys' unsent rows: a key's locked rows count
+           only as far as they are the key's first unsent rows, and at most
+           ``run_length`` of them. A row skipped because another claim holds
+           it ends the run there;
+        4. lease what remains. The dropped rows' locks go at commit.
+        """
+        d = self.dialect
+        t = self.table
+        p = t.alias("p")
+        blocked = [State.LEASED] + ([State.DEAD] if block_on_dead else [])
+        # One EXISTS per state, as in head_of_key: a single index range each.
+        earlier_blocked = sa.or_(
+            *(
+                sa.exists().where(in_state(p.c.state, s), p.c.key == t.c.key, p.c.id < t.c.id)
+                for s in blocked
+            ),
+            sa.exists().where(
+                in_state(p.c.state, State.PENDING),
+                p.c.key == t.c.key,
+                p.c.id < t.c.id,
+                p.c.available_at > d.now(),
+            ),
+        )
+        with d.transaction(conn):
+            window = self.key_window(
+                conn, limit=limit, run_length=run_length, block_on_dead=block_on_dead
+            )
+            if window is None:
+                return []
+            candidates = d.lock_rows(
+                sa.select(*d.claim_columns(t))
+                .where(*self.claimable(t), window, sa.or_(t.c.key.is_(None), ~earlier_blocked))
+                .order_by(t.c.id)
+                .limit(limit)
+            )
+            rows = conn.execute(candidates).all()
+            valid = self.run_prefixes(conn, rows, block_on_dead)
+            runs: dict[str, int] = {}
+            for r in rows:
+                if r[3] is not None and int(r[0]) in valid:
+                    runs[r[3]] = runs.get(r[3], 0) + 1
+                    if runs[r[3]] > run_length:  # rows reaped back since the window was read
+                        valid.discard(int(r[0]))
+            if not valid:
+                return []
+            conn.execute(
+                sa.update(t)
+                .where(d.id_in(sorted(valid)), in_state(t.c.state, State.PENDING))
+                .values(d.lease_values(lease=lease, token=token))
+            )
+        # The rows were read before the UPDATE counted this attempt.
+        return [d.to_event(r, token, attempts_offset=1) for r in rows if int(r[0]) in valid]

@@ -1,9 +1,8 @@
-"""Reading the outbox table: ``outbox status``, the doctor, migrate (a mixin of Dialect)."""
+"""Reading the outbox table: ``outbox status``, the doctor, migrate (a part of Dialect)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -13,16 +12,16 @@ from outbox_core.dialects.base.values import Activity, Backlog, LiveLeases
 from outbox_core.message import State
 from outbox_core.schema import in_state
 
+if TYPE_CHECKING:
+    from outbox_core.dialects.base.dialect import Dialect
+
 
 class TableReads:
     """Named reads (and the bulk insert) of the outbox table: the SQL lives here, not in callers."""
 
-    if TYPE_CHECKING:  # what the mixin uses of Dialect
-        table: sa.Table
-
-        def now(self) -> sa.ColumnElement[datetime]: ...  # noqa: D102
-
-        def after(self, seconds: float) -> sa.ColumnElement[datetime]: ...  # noqa: D102
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.table = dialect.table
 
     def state_counts(self, conn: Connection) -> dict[str, int]:
         """Rows per state, by lower-case state name (every state, 0 when none)."""
@@ -35,13 +34,13 @@ class TableReads:
     def activity(self, conn: Connection) -> Activity:
         """The oldest pending event, the last minute's traffic, the last send (status)."""
         t = self.table
-        minute_ago = self.after(-60)
+        minute_ago = self.dialect.after(-60)
         row = conn.execute(
             sa.select(
                 sa.select(sa.func.min(t.c.created_at))
                 .where(in_state(t.c.state, State.PENDING))
                 .scalar_subquery(),
-                self.now(),
+                self.dialect.now(),
                 sa.select(sa.func.count()).where(t.c.created_at >= minute_ago).scalar_subquery(),
                 sa.select(sa.func.count()).where(t.c.sent_at >= minute_ago).scalar_subquery(),
                 sa.select(sa.func.max(t.c.sent_at))
@@ -54,7 +53,7 @@ class TableReads:
     def backlog(self, conn: Connection) -> Backlog:
         """Pending and due events, the oldest due, expired leases (``outbox doctor``)."""
         t = self.table
-        now = self.now()
+        now = self.dialect.now()
         pending = in_state(t.c.state, State.PENDING)
         due = sa.and_(pending, t.c.available_at <= now)
         row = conn.execute(
@@ -120,7 +119,7 @@ class TableReads:
     def live_leases(self, conn: Connection, *, owners: int = 20) -> LiveLeases:
         """Leases not yet expired: how many, until when, and some of their tokens."""
         t = self.table
-        live = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until > self.now())
+        live = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until > self.dialect.now())
         count, until = conn.execute(
             sa.select(sa.func.count(), sa.func.max(t.c.lease_until)).where(live)
         ).one()

@@ -1,4 +1,4 @@
-"""What a database can store: checked at enqueue and by ``outbox migrate`` (a mixin of Dialect)."""
+"""What a database can store: checked at enqueue and by ``outbox migrate`` (a part of Dialect)."""
 
 from __future__ import annotations
 

@@ -68,19 +68,20 @@ from __future__ import annotations
 import functools
 import re
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.dialects.base import ReturningDialect, ServerInfo, SessionLimits
+from outbox_core.dialects.base import KeyWalk, Parts, ReturningDialect, ServerInfo
+from outbox_core.dialects.mssql.inbox import MssqlInbox
+from outbox_core.dialects.mssql.session import FILTERED_INDEX_OPTIONS, MssqlSession
+from outbox_core.dialects.mssql.storage import MssqlStorage
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
 
-if TYPE_CHECKING:
-    from outbox_core.doctor import Check
-
+__all__ = ["FILTERED_INDEX_OPTIONS", "MssqlDialect", "lock_escalation", "read_committed_snapshot"]
 
 MIN_VERSION = (13,)  # SQL Server 2016
 #: The claim's read: row locks, held to commit, skipping rows other claims hold.
@@ -89,14 +90,15 @@ CLAIM_HINT = "WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)"
 #: Reading a claim's rows back: its own (locked by itself) are visible, other
 #: claims' uncommitted rows are skipped instead of waited for.
 READ_BACK_HINT = "WITH (READPAST, READCOMMITTEDLOCK)"
-#: The SET options a connection needs to write a table with filtered indexes.
-FILTERED_INDEX_OPTIONS = (
-    "SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, "
-    "QUOTED_IDENTIFIER ON; SET NUMERIC_ROUNDABORT OFF"
-)
 #: Run by ``install`` (and printed by ``outbox doctor``): no escalation to a table lock.
 DISABLE_LOCK_ESCALATION = "ALTER TABLE %(fullname)s SET (LOCK_ESCALATION = DISABLE)"
 _MAX_MS = 2**31 - 1
+
+
+class MssqlKeyWalk(KeyWalk):
+    """Keys found with ``GROUP BY``: SQL Server's recursive CTEs allow no subqueries."""
+
+    group_key_scan: ClassVar[bool] = True
 
 
 class MssqlDialect(ReturningDialect):
@@ -105,14 +107,14 @@ class MssqlDialect(ReturningDialect):
     name: ClassVar[str] = "mssql"
     analyze_sql: ClassVar[str] = "UPDATE STATISTICS {table}"
     family: ClassVar[str] = "SQL Server"
-    locking: ClassVar[str] = "claims skip each other's rows with READPAST"
-    upgrade_hint: ClassVar[str | None] = "upgrade to SQL Server 2016 (13.0) or newer"
     max_batch: ClassVar[int] = 1000
     frozen_transactions_stay: ClassVar[str | None] = (
         "SQL Server has no idle-in-transaction timeout: a frozen relay keeps its rows until "
         "its connection dies (the other relays pass them with READPAST)"
     )
-    group_key_scan: ClassVar[bool] = True
+    parts: ClassVar[Parts] = Parts(
+        session=MssqlSession, storage=MssqlStorage, inbox=MssqlInbox, keys=MssqlKeyWalk
+    )
 
     def now(self) -> sa.ColumnElement[datetime]:
         """``SYSUTCDATETIME()``."""
@@ -127,30 +129,6 @@ class MssqlDialect(ReturningDialect):
             expr = sa.func.dateadd(sa.literal_column("second"), whole, expr, type_=sa.DateTime())
             ms = round((seconds - whole) * 1000)
         return sa.func.dateadd(sa.literal_column("millisecond"), ms, expr, type_=sa.DateTime())
-
-    def limit_session(self, conn: Connection, limits: SessionLimits) -> None:
-        """``SET LOCK_TIMEOUT`` (milliseconds) and the filtered indexes' SET options.
-
-        SQL Server has no idle-in-transaction timeout: a relay frozen inside a
-        transaction keeps its locks until its TCP connection dies. Claims and
-        maintenance skip those rows (READPAST), so other relays keep moving,
-        but the frozen relay's rows wait for it (see the README's reliability
-        section).
-        """
-        with conn.begin():
-            # SET LOCK_TIMEOUT takes a constant, not a parameter; this is an int.
-            conn.execute(sa.text(f"SET LOCK_TIMEOUT {round(limits.lock_wait * 1000):d}"))
-            conn.execute(sa.text(FILTERED_INDEX_OPTIONS))
-
-    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
-        """The driver's connect timeout, in whole seconds."""
-        return {"timeout": max(1, int(seconds))}
-
-    def doctor_checks(self) -> list[tuple[str, Check]]:
-        """See ``doctor.py`` beside this module."""
-        from outbox_core.dialects.mssql.doctor import CHECKS
-
-        return list(CHECKS)
 
     def server_info(self, conn: Connection) -> ServerInfo:
         """``@@VERSION`` and ``SERVERPROPERTY`` (cast: pyodbc cannot fetch sql_variant)."""
@@ -167,16 +145,6 @@ class MssqlDialect(ReturningDialect):
         return ServerInfo(
             product, prop("ProductVersion"), f"{first} ({edition})" if edition else first
         )
-
-    def text_length(self, value: str) -> int:
-        """UTF-16 code units: a character outside the BMP takes two of NVARCHAR's length."""
-        return len(value.encode("utf-16-le")) // 2
-
-    def time_digits(self, column_type: Any) -> int:
-        """DATETIME rounds to 1/300 s (no digits kept exactly); DATETIME2 keeps its precision."""
-        if type(column_type).__name__.upper() != "DATETIME2":
-            return 0
-        return super().time_digits(column_type)
 
     def check(self, conn: Connection) -> None:
         """Require SQL Server 2016 (version 13) or newer."""
@@ -263,7 +231,7 @@ class MssqlDialect(ReturningDialect):
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]
         picked = self.lock_rows(
             sa.select(*cols)
-            .where(*self.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
+            .where(*self.keys.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(min(limit, self.max_batch))
         ).cte("c")
@@ -272,29 +240,6 @@ class MssqlDialect(ReturningDialect):
         c = sa.table("c", *(sa.column(col.name, col.type) for col in cols))
         lease_it = self.lease_values(lease=lease, token=token, target=c)
         return sa.update(c).values(lease_it).add_cte(picked)
-
-    def inbox_insert(self, consumer: str, event_id: str) -> sa.Insert:
-        """``INSERT ... SELECT ... WHERE NOT EXISTS (... WITH (UPDLOCK, HOLDLOCK) ...)``.
-
-        SQL Server has no insert-or-ignore. UPDLOCK, HOLDLOCK make the existence
-        check take a key-range lock held to commit: a second transaction checking
-        the same key waits for the first instead of also seeing "absent" and
-        failing on the primary key. The hinted read locks under
-        READ_COMMITTED_SNAPSHOT too, instead of reading an old version.
-        """
-        t = self.tables.inbox
-        existing: sa.Select[Any] = (
-            sa.select(sa.literal_column("1"))
-            .select_from(t)
-            .where(t.c.consumer == consumer, t.c.event_id == event_id)
-            .with_hint(t, "WITH (UPDLOCK, HOLDLOCK)", "mssql")
-        )
-        row = sa.select(
-            sa.literal(consumer, t.c.consumer.type),
-            sa.literal(event_id, t.c.event_id.type),
-            self.now(),
-        ).where(~existing.exists())
-        return sa.insert(t).from_select(["consumer", "event_id", "processed_at"], row)
 
 
 def read_committed_snapshot(conn: Connection) -> bool:

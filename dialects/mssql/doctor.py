@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from outbox_core.dialects import mssql
 from outbox_core.dialects.mssql import SYS_DATABASES, MssqlDialect, this_database
+from outbox_core.doctor.family import FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity
 
 #: SESSIONPROPERTY name -> the value writing a filtered-index table needs.
@@ -133,3 +134,9 @@ CHECKS = [
     ("lock_escalation", lock_escalation),
     ("set_options", set_options),
 ]
+
+DOCTOR = FamilyDoctor(
+    checks=CHECKS,
+    locking="claims skip each other's rows with READPAST",
+    upgrade_hint="upgrade to SQL Server 2016 (13.0) or newer",
+)

@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox_core.doctor.family import FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity, format_age
 
 
@@ -24,9 +25,9 @@ def isolation(ctx: DoctorContext) -> Iterable[Finding]:
     server_default = variables.get("transaction_isolation") or variables.get("tx_isolation", "?")
     ctx.conn.rollback()
     dialect = ctx.outbox.dialect
-    relay_conn = dialect.connect(ctx.outbox.engine)
+    relay_conn = ctx.outbox.engine.connect()
     try:
-        dialect.prepare(relay_conn)
+        dialect.session.prepare(relay_conn)
         relay_level = str(relay_conn.get_isolation_level())
     finally:
         relay_conn.close()
@@ -170,3 +171,9 @@ CHECKS = [
     ("tables", engines),
     ("long_transactions", long_transactions),
 ]
+
+DOCTOR = FamilyDoctor(
+    checks=CHECKS,
+    locking="claims skip each other's rows with FOR UPDATE SKIP LOCKED",
+    upgrade_hint=("upgrade to MySQL 8.0.1+ or MariaDB 10.6+ (the first with SKIP LOCKED)"),
+)

@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox_core.doctor.family import FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity, format_age
 
 
@@ -179,3 +180,9 @@ CHECKS = [
     ("dead_tuples", dead_tuples),
     ("long_transactions", long_transactions),
 ]
+
+DOCTOR = FamilyDoctor(
+    checks=CHECKS,
+    locking="claims skip each other's rows with FOR UPDATE SKIP LOCKED",
+    upgrade_hint="upgrade to PostgreSQL 12 or newer",
+)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from outbox_core.doctor.family import FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity
 
 
@@ -55,3 +56,14 @@ def missing_file(database: str | None, install_command: str) -> Finding | None:
 
 #: The checks this database adds to ``outbox doctor``, by finding name.
 CHECKS = [("isolation", isolation), ("journal_mode", journal_mode)]
+
+DOCTOR = FamilyDoctor(
+    checks=CHECKS,
+    locking=(
+        "claims take turns on the database's write lock (BEGIN IMMEDIATE; SQLite has "
+        "no row locks) and leases keep relays apart"
+    ),
+    upgrade_hint=("use a Python whose sqlite3 links SQLite 3.35 or newer (UPDATE ... RETURNING)"),
+    can_add_primary_key=False,
+    preflight=lambda url, install_command: missing_file(url.database, install_command),
+)

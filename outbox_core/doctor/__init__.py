@@ -30,13 +30,15 @@ says so; it never stops the others. The command exits 0 when healthy, 1 on an
 error (or a warning with ``--strict``), 2 when its own arguments are wrong.
 """
 
-from outbox_core.doctor.checks import Check, diagnose, expected_indexes
+from outbox_core.doctor.checks import diagnose, expected_indexes
+from outbox_core.doctor.family import Check, FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity, Thresholds
 from outbox_core.doctor.report import exit_code, render_report, report_dict
 
 __all__ = [
     "Check",
     "DoctorContext",
+    "FamilyDoctor",
     "Finding",
     "Severity",
     "Thresholds",

@@ -1,19 +1,20 @@
 """The checks of ``outbox doctor`` every database shares, and the runner.
 
 Each database adds its own (isolation, vacuum, storage engine, journal mode)
-through :meth:`Dialect.doctor_checks`; see ``outbox_core/dialects/<name>/doctor.py``.
+through the ``DOCTOR`` of ``outbox_core/dialects/<name>/doctor.py`` (``doctor.family``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.schema import AddConstraint, CreateIndex, DropIndex
 
 from outbox_core.config import mask_url
+from outbox_core.doctor.family import Check, family_doctor
 from outbox_core.doctor.model import (
     DEAD_TUPLE_RATIO,
     LONG_TRANSACTION,
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from outbox_core.outbox import Outbox
 
 #: One check: findings from an open context.
-Check = Callable[[DoctorContext], Iterable[Finding]]
 
 
 def diagnose(
@@ -53,9 +53,11 @@ def diagnose(
     (and at least ``min_dead_tuples``). Nothing is written to the database.
     """
     limits = Thresholds(max_backlog_age, long_transaction, dead_tuple_ratio, min_dead_tuples)
-    missing = outbox.dialect.doctor_preflight(outbox.url, DoctorContext.install_command_for(outbox))
-    if missing is not None:
-        return [missing]
+    family = family_doctor(outbox.dialect)
+    if family.preflight is not None:
+        missing = family.preflight(outbox.url, DoctorContext.install_command_for(outbox))
+        if missing is not None:
+            return [missing]
     try:
         conn = outbox.engine.connect()
     except (sa.exc.SQLAlchemyError, OutboxError) as exc:
@@ -76,7 +78,7 @@ def diagnose(
             ("version", _check_version),
             ("tables", _check_tables),
             ("index", _check_indexes),
-            *outbox.dialect.doctor_checks(),  # isolation, WAL, vacuum, engines, ...
+            *family.checks,  # isolation, WAL, vacuum, engines, ...
             ("backlog", _check_backlog),
             ("dead_events", _check_dead_events),
         ]
@@ -116,14 +118,14 @@ def _check_version(ctx: DoctorContext) -> Iterable[Finding]:
             "version",
             Severity.ERROR,
             str(exc),
-            fix=ctx.outbox.dialect.upgrade_hint,
+            fix=family_doctor(ctx.outbox.dialect).upgrade_hint,
             details={"server": label},
         )
         return
     yield Finding(
         "version",
         Severity.OK,
-        f"{label}: {ctx.outbox.dialect.locking}",
+        f"{label}: {family_doctor(ctx.outbox.dialect).locking}",
         details={"server": label},
     )
 
@@ -162,7 +164,7 @@ def _inbox_primary_key(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[
     columns = [str(c).lower() for c in found.get("constrained_columns") or []]
     if columns == ["consumer", "event_id"]:
         return
-    if not ctx.outbox.dialect.can_add_primary_key:
+    if not family_doctor(ctx.outbox.dialect).can_add_primary_key:
         fix = (
             f"SQLite cannot add a primary key: drop {table.fullname} (its rows only "
             f"deduplicate past deliveries) and run {ctx.install_command()}"
@@ -283,7 +285,7 @@ def _check_indexes(ctx: DoctorContext) -> Iterable[Finding]:
 def _check_backlog(ctx: DoctorContext) -> Iterable[Finding]:
     if "outbox" not in ctx.present:
         return
-    backlog = ctx.outbox.dialect.backlog(ctx.conn)
+    backlog = ctx.outbox.dialect.reads.backlog(ctx.conn)
     pending_n, due_n, oldest_due = backlog.pending, backlog.due, backlog.oldest_due
     expired, db_now = backlog.expired_leases, backlog.now
     waited = None
@@ -324,7 +326,7 @@ def _check_backlog(ctx: DoctorContext) -> Iterable[Finding]:
 def _check_dead_events(ctx: DoctorContext) -> Iterable[Finding]:
     if "outbox" not in ctx.present:
         return
-    rows = ctx.outbox.dialect.dead_by_topic(ctx.conn)
+    rows = ctx.outbox.dialect.reads.dead_by_topic(ctx.conn)
     if not rows:
         yield Finding("dead_events", Severity.OK, "no dead events")
         return

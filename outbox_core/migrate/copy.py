@@ -56,7 +56,7 @@ def _pages(
     with outbox.engine.connect() as conn:
         while True:
             with conn.begin():
-                rows = outbox.dialect.page(conn, columns, states, after_id=last, limit=batch)
+                rows = outbox.dialect.reads.page(conn, columns, states, after_id=last, limit=batch)
             if not rows:
                 return
             yield rows
@@ -75,7 +75,9 @@ def _present(conn: Connection, target: Outbox, event_ids: Sequence[str]) -> dict
     found: dict[str, int] = {}
     for start in range(0, len(event_ids), LOOKUP_CHUNK):
         chunk = list(event_ids[start : start + LOOKUP_CHUNK])
-        for event_id, state in target.dialect.by_event_id(conn, [t.c.event_id, t.c.state], chunk):
+        for event_id, state in target.dialect.reads.by_event_id(
+            conn, [t.c.event_id, t.c.state], chunk
+        ):
             found[str(event_id).lower()] = int(state)
     return found
 
@@ -89,7 +91,7 @@ class _Leases:
 
 def _live_leases(source: Outbox, conn: Connection) -> _Leases:
     """Leases still running on the source: a relay is (or was until lately) publishing."""
-    live = source.dialect.live_leases(conn)
+    live = source.dialect.reads.live_leases(conn)
     # Tokens are "<relay name>:<claim number>:<random>": show the relays.
     holders = sorted({token.split(":", 1)[0] for token in live.tokens})[:5]
     return _Leases(live.count, holders, _utc(live.until))
@@ -179,7 +181,7 @@ def migrate(
         limits = _prepare(source, target, force=force, warnings=report.warnings)
         states = _states(include_sent)
         with source.engine.connect() as conn:
-            report.total = source.dialect.count_in_states(conn, states)
+            report.total = source.dialect.reads.count_in_states(conn, states)
         if progress is not None:
             progress(0, report.total)
         _Copy(source, target, limits, report, force=force).run(states, batch, progress)
@@ -285,7 +287,7 @@ class _Copy:
             if earlier is not None and state_there != int(State.SENT):
                 self._out_of_order(earlier, event)
         if rows:
-            self.target.dialect.insert_rows(conn, rows)
+            self.target.dialect.reads.insert_rows(conn, rows)
         self.report.skipped += len(events) - len(rows)
         self.report.copied += len(rows)
         for event in events:
@@ -318,12 +320,12 @@ def plan(
         with source.engine.connect() as conn:
             if not _has_table(conn, source.table):
                 raise MigrationRefused(_missing_table_problem(source, "source"))
-            source_counts = source.dialect.state_counts(conn)
+            source_counts = source.dialect.reads.state_counts(conn)
             leases = _live_leases(source, conn)
         with target.engine.connect() as conn:
             target.dialect.check(conn)
             exists = _has_table(conn, target.table)
-            target_counts = target.dialect.state_counts(conn) if exists else None
+            target_counts = target.dialect.reads.state_counts(conn) if exists else None
             limits = TargetLimits.reflect(conn, target.table, target.dialect) if exists else None
         result = MigrationPlan(
             _describe(source),

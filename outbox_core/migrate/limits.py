@@ -46,7 +46,7 @@ class TargetLimits:
     @classmethod
     def reflect(cls, conn: Connection, table: sa.Table, dialect: Dialect) -> TargetLimits:
         """Read the limits of ``table`` on ``conn`` (which must exist)."""
-        dialect.initialize(conn)
+        dialect.storage.initialize(conn)
         inspector = sa.inspect(conn)
         columns = {c["name"]: c for c in inspector.get_columns(table.name, schema=table.schema)}
         missing = [c for c in _COLUMNS if c not in columns]
@@ -60,10 +60,10 @@ class TargetLimits:
         codecs: dict[str, str] = {}
         for name in ("event_id", "topic", "key", "last_error"):
             col_type = columns[name]["type"]
-            if dialect.enforces_lengths:
+            if dialect.storage.enforces_lengths:
                 length = getattr(col_type, "length", None)
                 chars[name] = length if isinstance(length, int) else None
-            byte_limit, codec = dialect.text_storage(inspector, table, col_type)
+            byte_limit, codec = dialect.storage.text_storage(inspector, table, col_type)
             if byte_limit is not None:
                 max_bytes[name] = byte_limit
             if codec:
@@ -100,23 +100,23 @@ class TargetLimits:
             )
         except (TypeError, ValueError, RecursionError):
             return "payload cannot be written as JSON"
-        found = self.dialect.size_problem(sized)
+        found = self.dialect.storage.size_problem(sized)
         if found:
             return found
         for name in ("available_at", "created_at", "sent_at"):
             value = getattr(event, name)
-            found = self.dialect.time_problem(name, value) if value is not None else None
+            found = self.dialect.storage.time_problem(name, value) if value is not None else None
             if found:
                 return found
         return None
 
     def _text_problem(self, name: str, value: str) -> str | None:
-        found = self.dialect.text_problem(name, value)
+        found = self.dialect.storage.text_problem(name, value)
         if found:
             return found
         encoded = value.encode("utf-8")
         limit = self.chars.get(name)
-        length = self.dialect.text_length(value)
+        length = self.dialect.storage.text_length(value)
         if limit is not None and length > limit:
             return (
                 f"{name} is {length} characters long; the target column holds {limit} "
@@ -139,13 +139,17 @@ class TargetLimits:
     def _json_problem(self, name: str, value: Any) -> str | None:
         # SQLAlchemy writes JSON as ASCII text: SQLite and SQL Server (NVARCHAR) take
         # any of it; PostgreSQL's jsonb and MySQL's JSON parse it and can refuse.
-        if value is None or not self.dialect.parses_json:
+        if value is None or not self.dialect.storage.parses_json:
             return None
         try:
             text = check_json(value, name)  # not JSON, or a lone surrogate: named
         except PayloadError as exc:
             return str(exc)
-        return self.dialect.json_problem(name, value) if self.dialect.json_suspect(text) else None
+        return (
+            self.dialect.storage.json_problem(name, value)
+            if self.dialect.storage.json_suspect(text)
+            else None
+        )
 
 
 def _unencodable(value: str, codec: str) -> str | None:

@@ -266,7 +266,7 @@ class SourceEvent:
 
     def target_values(self, dialect: Dialect) -> dict[str, Any]:
         """The row to insert on the target: leases dropped, leased copied as pending."""
-        when = dialect.bind_time
+        when = dialect.storage.bind_time
         state = State.PENDING if self.state == State.LEASED else State(self.state)
         return {
             "event_id": self.event_id,

@@ -40,7 +40,7 @@ def _time_digits(conn: Connection, outbox: Outbox) -> int:
     table = outbox.table
     columns = sa.inspect(conn).get_columns(table.name, schema=table.schema)
     col_type = next(c["type"] for c in columns if c["name"] == "created_at")
-    return outbox.dialect.time_digits(col_type)
+    return outbox.dialect.storage.time_digits(col_type)
 
 
 def _time_key(value: datetime | None, digits: int | None) -> str | None:
@@ -84,7 +84,7 @@ def _row_hash(
 
 def _payload_text(outbox: Outbox) -> sa.ColumnElement[str]:
     """The payload as the JSON text the database holds (decoded by us, numbers exactly)."""
-    return outbox.dialect.json_text(outbox.table.c.payload)
+    return outbox.dialect.storage.json_text(outbox.table.c.payload)
 
 
 def _digest(outbox: Outbox, states: Sequence[int], batch: int, digits: int | None) -> _Digest:
@@ -191,7 +191,7 @@ def _differences(
             with tconn.begin():
                 for start in range(0, len(rows), LOOKUP_CHUNK):
                     ids = [str(r[1]) for r in rows[start : start + LOOKUP_CHUNK]]
-                    matches = target.dialect.by_event_id(tconn, t_cols, ids)
+                    matches = target.dialect.reads.by_event_id(tconn, t_cols, ids)
                     there.update((str(r[0]).lower(), r) for r in matches)
             for row in rows:
                 event_id = str(row[1])

@@ -104,9 +104,9 @@ class Context:
     @contextmanager
     def connection(self) -> Iterator[sa.Connection]:
         """A connection configured as a relay's (session limits from a 30 s lease)."""
-        conn = self.dialect.connect(self.outbox.engine)
+        conn = self.outbox.engine.connect()
         try:
-            self.dialect.limit_session(conn, SessionLimits.for_lease(30.0))
+            self.dialect.session.configure(conn, SessionLimits.for_lease(30.0))
             yield conn
         finally:
             conn.close()
@@ -227,17 +227,17 @@ def frozen_claim_is_cut(ctx: Context) -> str:
 
     A GC or VM pause, or a partition that keeps TCP open: the claim's
     transaction stays open with its row locks. The server ends it after the
-    relay's idle limit (:meth:`Dialect.limit_session`), and another relay
+    relay's idle limit (:meth:`SessionSetup.configure`), and another relay
     then claims the rows.
     """
     d = ctx.dialect
     if d.frozen_transactions_stay:
         raise Skip(d.frozen_transactions_stay)
     ctx.enqueue(*((None, {"n": i}) for i in range(10)))
-    holder = d.connect(ctx.outbox.engine)
+    holder = ctx.outbox.engine.connect()
     try:
-        d.limit_session(holder, SessionLimits(idle_in_transaction=FROZEN_IDLE, lock_wait=1.0))
-        d.prepare(holder)
+        d.session.configure(holder, SessionLimits(idle_in_transaction=FROZEN_IDLE, lock_wait=1.0))
+        d.session.prepare(holder)
         holder.begin()  # and never commit: frozen
         held = {e.id for e in ctx.claim(holder, "frozen", limit=5)}
         frozen_at = time.monotonic()
@@ -342,7 +342,7 @@ def ordered_runs(ctx: Context) -> None:
     needs_ordered_claims(ctx)
     ctx.enqueue(("a", 1), ("a", 2), ("a", 3), ("b", 1))
     with ctx.connection() as conn:
-        events = ctx.dialect.claim_runs(conn, limit=10, lease=30.0, token="t", run_length=2)
+        events = ctx.dialect.keys.claim_runs(conn, limit=10, lease=30.0, token="t", run_length=2)
     got = [(e.key, e.payload) for e in events]
     expect(got == [("a", 1), ("a", 2), ("b", 1)], f"a run claim took {got}")
 
@@ -365,7 +365,7 @@ def release_and_reap(ctx: Context) -> None:
         time.sleep(0.6)
         reaped = d.reap(conn, max_attempts=1)
         expect(reaped == 2, f"the reaper changed {reaped} of 2 expired leases")
-        counts = d.state_counts(conn)
+        counts = d.reads.state_counts(conn)
     expect(counts["dead"] == 2, f"after the last attempt expired the states were {counts}")
 
 

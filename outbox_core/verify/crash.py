@@ -155,7 +155,7 @@ def relays_survive_sigkill(ctx: Context) -> str:
     if not hasattr(signal, "SIGKILL"):
         raise Skip("this platform has no SIGKILL")
     url = ctx.outbox.url
-    if not ctx.dialect.shared_by_processes(url):
+    if not ctx.dialect.session.shared_by_processes(url):
         raise Skip("an in-memory database cannot be shared with relay processes")
     unordered_because = _ordered_refused(ctx)
     size = SIZES.get(ctx.mode, SIZES["default"])

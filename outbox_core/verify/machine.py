@@ -110,8 +110,8 @@ class OutboxMachine(RuleBasedStateMachine):
         return any(a.open_tx for a in self.all_actors)
 
     def _connect(self) -> sa.Connection:
-        conn = self.dialect.connect(self.outbox.engine)
-        self.dialect.limit_session(conn, LIMITS)
+        conn = self.outbox.engine.connect()
+        self.dialect.session.configure(conn, LIMITS)
         return conn
 
     def _deliver(self, event: Event) -> None:
@@ -174,7 +174,7 @@ class OutboxMachine(RuleBasedStateMachine):
             return
         hold_open = hold_open and self.dialect.row_locks
         if hold_open:
-            self.dialect.prepare(actor.conn)
+            self.dialect.session.prepare(actor.conn)
             actor.conn.begin()
         # Set before the claim runs: if a check below fails, teardown must still
         # see (and end) the open transaction holding row locks.
@@ -183,7 +183,7 @@ class OutboxMachine(RuleBasedStateMachine):
         token = f"{actor.name}:{actor.seq}"
         try:
             if self.ordered and self.run_length > 1:
-                claimed = self.dialect.claim_runs(
+                claimed = self.dialect.keys.claim_runs(
                     actor.conn, limit=limit, lease=LEASE, token=token, run_length=self.run_length
                 )
             else:

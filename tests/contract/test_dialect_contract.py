@@ -65,7 +65,7 @@ def make_due(outbox: Outbox) -> None:
 
 @contextmanager
 def connection(outbox: Outbox) -> Iterator[sa.Connection]:
-    conn = outbox.dialect.connect(outbox.engine)
+    conn = outbox.engine.connect()
     try:
         yield conn
     finally:
@@ -225,7 +225,7 @@ def test_two_relays_claim_disjoint_rows_without_waiting(backend: str, outbox: Ou
             second = claim(outbox, b, "b", limit=10)
         else:
             set_lock_timeout(b, backend, 2)
-            outbox.dialect.prepare(a)
+            outbox.dialect.session.prepare(a)
             a.begin()  # hold relay A's claim open: its rows stay locked
             first = claim(outbox, a, "a", limit=4)
             started = time.monotonic()
@@ -400,7 +400,7 @@ def test_ordered_head_in_an_open_claim_still_blocks_its_key(backend: str, outbox
         k = [outbox.enqueue(conn, "t", {"i": i}, key="k") for i in range(2)]
     with connection(outbox) as a, connection(outbox) as b:
         set_lock_timeout(b, backend, 2)
-        outbox.dialect.prepare(a)
+        outbox.dialect.session.prepare(a)
         a.begin()
         assert [e.event_id for e in claim(outbox, a, "a", ordered=True)] == [k[0]]
         # The head is locked and not yet committed as leased; SKIP LOCKED skips
@@ -575,15 +575,15 @@ def test_ordered_run_never_skips_a_head_another_claim_holds(backend: str, outbox
     d = outbox.dialect
     with connection(outbox) as a, connection(outbox) as b:
         set_lock_timeout(b, backend, 2)
-        d.prepare(a)
+        d.session.prepare(a)
         a.begin()
         assert [e.event_id for e in claim(outbox, a, "a", ordered=True, limit=1)] == [k[0]]
         # k[0] is locked, not yet leased: SKIP LOCKED skips it, the run check stops k there.
-        taken = d.claim_runs(b, limit=10, lease=LEASE, token="b", run_length=3)
+        taken = d.keys.claim_runs(b, limit=10, lease=LEASE, token="b", run_length=3)
         assert [e.event_id for e in taken] == [free]
         a.commit()
         d.mark_sent(a, [rows(outbox)[0].id], token="a", delete=False)
-        taken = d.claim_runs(b, limit=10, lease=LEASE, token="b2", run_length=3)
+        taken = d.keys.claim_runs(b, limit=10, lease=LEASE, token="b2", run_length=3)
         assert [e.event_id for e in taken] == k[1:]
 
 
@@ -613,7 +613,7 @@ def test_ordered_claim_reaches_a_key_behind_a_deep_backlog(outbox: Outbox) -> No
         heads = claim(outbox, conn, "h", ordered=True, limit=5)
         assert sorted(e.event_id for e in heads) == sorted([deep[0], late])
         d.mark_sent(conn, [e.id for e in heads], token="h", delete=False)
-        runs = d.claim_runs(conn, limit=10, lease=LEASE, token="r", run_length=3)
+        runs = d.keys.claim_runs(conn, limit=10, lease=LEASE, token="r", run_length=3)
         assert [e.event_id for e in runs] == deep[1:4]
 
 
@@ -687,7 +687,7 @@ def test_install_upgrades_a_table_with_the_old_index_set(outbox: Outbox) -> None
 
 def _wake_up_after(outbox: Outbox, produce: Any) -> bool:
     """Run ``produce(conn)`` in a committed transaction; did a LISTENing relay hear of it?"""
-    listener = outbox.dialect.listener(outbox.engine)
+    listener = outbox.dialect.enqueue.listener(outbox.engine)
     if listener is None:
         pytest.skip(f"{outbox.dialect.name} has no notifications: relays poll")
     try:
@@ -716,7 +716,7 @@ def test_a_rolled_back_savepoint_does_not_lose_the_wake_up(outbox: Outbox) -> No
 
 
 def test_a_rolled_back_transaction_wakes_nobody(outbox: Outbox) -> None:
-    listener = outbox.dialect.listener(outbox.engine)
+    listener = outbox.dialect.enqueue.listener(outbox.engine)
     if listener is None:
         pytest.skip(f"{outbox.dialect.name} has no notifications: relays poll")
     try:

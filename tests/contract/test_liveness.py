@@ -197,7 +197,7 @@ def test_a_frozen_transaction_is_ended_by_the_server(outbox: Outbox, backend: st
     relay = outbox.relay(SwitchBroker(), lease=1)
     conn = relay.conn
     d = outbox.dialect
-    d.prepare(conn)
+    d.session.prepare(conn)
     conn.begin()
     held = d.claim(conn, limit=10, lease=30, token="frozen", ordered=False)  # not committed
     assert len(held) == 3

@@ -134,7 +134,7 @@ def test_sql_server_cleanup_batches_fit_2100_parameters(batch: int) -> None:
 
 
 def _listening(outbox: Outbox) -> Any:
-    listener = outbox.dialect.listener(outbox.engine)
+    listener = outbox.dialect.enqueue.listener(outbox.engine)
     if listener is None:
         pytest.skip(f"{outbox.dialect.name} has no notifications: relays poll")
     return listener

@@ -169,7 +169,7 @@ def _broken(url: str, table: str, breaks: str) -> Outbox:
         dialect._claims.clear()
     elif breaks == "idle-limit":
         # Relay connections without server-side limits: a frozen claim holds on forever.
-        dialect.limit_session = lambda conn, limits: None  # type: ignore[method-assign]
+        dialect.session.configure = lambda conn, limits: None  # type: ignore[method-assign]
     else:
         # Ordered claims that ignore keys: no head-of-key check at all.
         def claim(conn: Any, *, limit: int, lease: float, token: str, ordered: bool) -> list[Event]:

@@ -88,7 +88,7 @@ def test_head_of_key_blocking_states(block_on_dead: bool, states: tuple[int, ...
     t = d.table
     sql = str(
         sa.select(t.c.id)
-        .where(d.head_of_key(t, block_on_dead))
+        .where(d.keys.head_of_key(t, block_on_dead))
         .compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
     )
     # One EXISTS per blocking state: a single (state, key, id) range each.
@@ -127,7 +127,8 @@ def test_ordered_claims_walk_the_keys_not_the_backlog(
 ) -> None:
     d = make(name)
     sql = compiled(
-        d.run_scan(after="k7", count=500, run_length=10, limit=500, block_on_dead=True), dialect
+        d.keys.run_scan(after="k7", count=500, run_length=10, limit=500, block_on_dead=True),
+        dialect,
     )
     assert walk in sql
     # Every probe reads pending rows of one key through (state, key, id).
@@ -142,7 +143,8 @@ def test_ordered_claims_walk_the_keys_not_the_backlog(
 def test_run_length_one_takes_the_heads_without_a_join(name: str) -> None:
     d = make(name)
     sql = compiled(
-        d.run_scan(after=None, count=5, run_length=1, limit=5, block_on_dead=True), _dialect(name)
+        d.keys.run_scan(after=None, count=5, run_length=1, limit=5, block_on_dead=True),
+        _dialect(name),
     )
     assert " JOIN " not in sql
 
@@ -169,7 +171,7 @@ def test_sql_server_enqueue_many_folds_rows_without_output() -> None:
     outbox = Outbox("mssql+pyodbc://app:pw@db/app?driver=ODBC+Driver+18+for+SQL+Server")
     driver = sa.create_mock_engine(outbox.url, lambda *a, **k: None).dialect
     events = [build_new_event("t", {"n": i}, key="k") for i in range(5)]
-    calls = list(outbox.dialect.enqueue_many_calls(events, notify=True, driver=driver))
+    calls = list(outbox.dialect.enqueue.many_calls(events, notify=True, driver=driver))
     assert len(calls) == 2  # the first event alone, then one executemany of the other four
     stmt, params = calls[1]
     assert isinstance(params, list) and len(params) == 4

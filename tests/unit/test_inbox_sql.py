@@ -26,7 +26,7 @@ def make(name: str) -> Dialect:
 
 
 def test_postgresql_inserts_on_conflict_do_nothing() -> None:
-    sql = compiled(make("postgresql").inbox_insert("billing", EVENT_ID), postgresql.dialect())
+    sql = compiled(make("postgresql").inbox.insert("billing", EVENT_ID), postgresql.dialect())
     assert sql.startswith("INSERT INTO events_inbox (consumer, event_id, processed_at) VALUES")
     assert sql.endswith("ON CONFLICT (consumer, event_id) DO NOTHING")
     assert "statement_timestamp()" in sql
@@ -34,14 +34,14 @@ def test_postgresql_inserts_on_conflict_do_nothing() -> None:
 
 @pytest.mark.parametrize("name", ["mysql", "mariadb"])
 def test_mysql_and_mariadb_insert_ignore(name: str) -> None:
-    sql = compiled(make(name).inbox_insert("billing", EVENT_ID), mysql.dialect())
+    sql = compiled(make(name).inbox.insert("billing", EVENT_ID), mysql.dialect())
     assert sql.startswith("INSERT IGNORE INTO events_inbox (consumer, event_id, processed_at)")
     assert "utc_timestamp" in sql.lower()
     assert "ON DUPLICATE KEY" not in sql
 
 
 def test_mssql_inserts_if_absent_under_updlock_holdlock() -> None:
-    sql = compiled(make("mssql").inbox_insert("billing", EVENT_ID), mssql.dialect())
+    sql = compiled(make("mssql").inbox.insert("billing", EVENT_ID), mssql.dialect())
     assert sql.startswith("INSERT INTO events_inbox (consumer, event_id, processed_at) SELECT")
     # The existence check holds a key-range update lock until commit: race-safe.
     assert (
@@ -52,7 +52,7 @@ def test_mssql_inserts_if_absent_under_updlock_holdlock() -> None:
 
 
 def test_sqlite_inserts_on_conflict_do_nothing() -> None:
-    sql = compiled(make("sqlite").inbox_insert("billing", EVENT_ID), sqlite.dialect())
+    sql = compiled(make("sqlite").inbox.insert("billing", EVENT_ID), sqlite.dialect())
     assert sql.startswith("INSERT INTO events_inbox (consumer, event_id, processed_at) VALUES")
     assert sql.endswith("ON CONFLICT (consumer, event_id) DO NOTHING")
 
@@ -169,7 +169,7 @@ def test_inbox_cleanup_picks_keys_then_deletes_by_primary_key(
 ) -> None:
     other = str(uuid.uuid4())
     conn = RecordingConnection([("billing", EVENT_ID), ("billing", other), ("shipping", other)])
-    deleted = make(name).inbox_cleanup(conn, older_than=86400, batch=3)  # type: ignore[arg-type]
+    deleted = make(name).inbox.cleanup(conn, older_than=86400, batch=3)  # type: ignore[arg-type]
     assert deleted == 3
     pick, delete = (compiled(s, dialect) for s in conn.statements)
     assert pick.startswith("SELECT ") and top in pick

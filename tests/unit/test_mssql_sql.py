@@ -171,7 +171,7 @@ def test_the_head_of_key_check_reads_without_skipping_or_locking() -> None:
 def test_relay_connections_set_the_options_filtered_indexes_need() -> None:
     recorder = Recorder()
     conn: Any = recorder
-    make().limit_session(conn, SessionLimits(idle_in_transaction=30, lock_wait=2))
+    make().session.configure(conn, SessionLimits(idle_in_transaction=30, lock_wait=2))
     assert recorder.sent == ["SET LOCK_TIMEOUT 2000", FILTERED_INDEX_OPTIONS]
     for option in (
         "ANSI_NULLS",

@@ -1,0 +1,160 @@
+"""The statements ``enqueue`` runs, and the wake-ups that go with them (a part of Dialect).
+
+Each family's part builds its own ``INSERT`` where it differs (PostgreSQL:
+JSON bound as text, one array statement for ``enqueue_many``, NOTIFY folded
+into the insert); the transaction port runs them in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.sql.dml import Insert
+
+from outbox_core.dialects.base.values import Listener
+from outbox_core.message import NewEvent, State
+
+if TYPE_CHECKING:
+    from outbox_core.dialects.base.dialect import Dialect
+
+
+class EnqueueStatements:
+    """What ``enqueue`` executes on one database family, and how relays are woken."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.table = dialect.table
+        self._prepared: dict[tuple[bool, bool], sa.Executable] = {}
+
+    def with_wake_up(self, insert: Insert, *, notify: bool) -> sa.Executable:
+        """Fold the wake-up into an enqueue ``INSERT`` where the database has one (PostgreSQL)."""
+        return insert
+
+    def json_bind(self, name: str) -> sa.ColumnElement[Any]:
+        """A bound JSON value of the enqueue ``INSERT``.
+
+        Where :attr:`json_as_text` is set, the value bound is the JSON text
+        ``enqueue`` already made while checking the payload (serialising it
+        a second time costs as much as the rest of enqueue's Python).
+        """
+        if self.dialect.storage.json_as_text:
+            return sa.bindparam(name, type_=sa.UnicodeText())
+        return sa.bindparam(name, type_=self.table.c.payload.type)
+
+    def prepared_insert(self, *, headers: bool, delay: float = 0.0) -> Insert:
+        """The enqueue ``INSERT``, its event's values as bound parameters.
+
+        Parameters are named ``o_<column>`` (see :meth:`enqueue_call`). Without
+        ``headers`` the column is NULL. A ``delay`` goes into the statement
+        (``available_at`` from the database clock).
+        """
+        t = self.table
+        now = self.dialect.clock()
+        # inline(): no implicit RETURNING id, which enqueue never reads.
+        return (
+            sa.insert(t)
+            .inline()
+            .values(
+                event_id=sa.bindparam("o_event_id", type_=t.c.event_id.type),
+                topic=sa.bindparam("o_topic", type_=t.c.topic.type),
+                key=sa.bindparam("o_key", type_=t.c.key.type),
+                payload=self.json_bind("o_payload"),
+                headers=self.json_bind("o_headers") if headers else sa.null(),
+                state=int(State.PENDING),
+                attempts=0,
+                available_at=self.dialect.after(delay) if delay else now,
+                created_at=now,
+            )
+        )
+
+    def call(self, event: NewEvent, *, notify: bool) -> tuple[sa.Executable, dict[str, Any]]:
+        """What ``enqueue`` executes for ``event``: a statement and its parameters.
+
+        Undelayed events (nearly all) reuse a statement built once: building a
+        fresh one per event, and computing its cache key, cost more than the
+        database's own work on the insert (``bench/producer_overhead.py``).
+        A delayed event's statement carries its delay and is built per call.
+        """
+        headers = event.headers is not None
+        if event.delay_seconds:
+            insert = self.prepared_insert(headers=headers, delay=event.delay_seconds)
+            stmt = self.with_wake_up(insert, notify=notify)
+        else:
+            cached = self._prepared.get((notify, headers))
+            if cached is None:
+                insert = self.prepared_insert(headers=headers)
+                cached = self._prepared[notify, headers] = self.with_wake_up(insert, notify=notify)
+            stmt = cached
+        as_text = self.dialect.storage.json_as_text
+        params: dict[str, Any] = {
+            "o_event_id": event.event_id,
+            "o_topic": event.topic,
+            "o_key": event.key,
+            "o_payload": event.payload_json if as_text else event.payload,
+        }
+        if headers:
+            params["o_headers"] = event.headers_json if as_text else event.headers
+        params.update(self.dialect.clock_params())
+        return stmt, params
+
+    def many_calls(
+        self, events: Sequence[NewEvent], *, notify: bool, driver: sa.Dialect
+    ) -> Iterator[tuple[sa.Executable, Any]]:
+        """What ``enqueue_many`` executes: ``(statement, parameters)`` pairs, in order.
+
+        The first event goes alone, carrying the wake-up. The others go as
+        executemany of :meth:`enqueue`'s own prepared statement, one per run
+        of events of the same shape (with or without headers, the same
+        delay), so rows are written, and get their ids, in the order given.
+        SQLAlchemy's "insertmanyvalues" folds each executemany into multi-row
+        ``INSERT`` statements: on ``driver``\'s own where it does so without
+        ``RETURNING`` (SQL Server, whose ``OUTPUT`` a trigger would break),
+        else through ``RETURNING id`` where the server has it (PostgreSQL,
+        SQLite, MariaDB). MySQL has neither: there PyMySQL sends the rows one
+        by one.
+        """
+        if not events:
+            return
+        yield self.call(events[0], notify=notify)
+        fold = driver.insert_executemany_returning and not driver.use_insertmanyvalues_wo_returning
+        run: list[dict[str, Any]] = []
+        shape: tuple[bool, float] | None = None
+        stmt: sa.Executable | None = None
+        for event in events[1:]:
+            this = (event.headers is not None, event.delay_seconds)
+            if this != shape and run:
+                assert stmt is not None
+                yield stmt, run
+                run = []
+            next_stmt, params = self.call(event, notify=False)
+            if this != shape:
+                # RETURNING makes SQLAlchemy fold the executemany into
+                # multi-row INSERTs ("insertmanyvalues") on every driver.
+                assert isinstance(next_stmt, sa.Insert)
+                shape, stmt = this, next_stmt
+                if fold:
+                    stmt = next_stmt.returning(self.table.c.id)
+            run.append(params)
+        if run:
+            assert stmt is not None
+            yield stmt, run
+
+    def notify_channel(self) -> str:
+        """The channel relays of this table listen on (databases with NOTIFY)."""
+        t = self.table
+        name = t.name if t.schema is None else f"{t.schema}_{t.name}"
+        return f"outbox_{name}"[:63]
+
+    def notify_statement(self) -> sa.Executable | None:
+        """A statement, run in the producer's transaction, that wakes relays at commit.
+
+        ``None`` where the database has no such thing: relays poll.
+        """
+        return None
+
+    def listener(self, engine: Engine) -> Listener | None:
+        """A connection that waits for :meth:`notify_statement` wake-ups (None: poll)."""
+        return None

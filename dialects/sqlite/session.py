@@ -1,0 +1,31 @@
+"""SQLite connections: wait for the write lock, take it at ``BEGIN``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+
+from outbox_core.dialects.base import SessionSetup
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+
+class SqliteSession(SessionSetup):
+    """Writers take turns on the database's write lock."""
+
+    def engine_options(self) -> dict[str, Any]:
+        """Relays and producers take turns on the write lock: wait up to 30 s, don't fail."""
+        return {"connect_args": {"timeout": 30}}
+
+    def begin_statement(self, conn: Connection) -> None:
+        """Take the write lock at ``BEGIN`` so a claim never fails upgrading a read lock."""
+        dbapi = conn.connection.dbapi_connection
+        # A pool configured to emit its own BEGIN already opened the transaction.
+        if dbapi is not None and not getattr(dbapi, "in_transaction", False):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def shared_by_processes(self, url: URL) -> bool:
+        """A file is; an in-memory database belongs to one connection of one process."""
+        return url.database not in (None, "", ":memory:") and "mode=memory" not in str(url)
