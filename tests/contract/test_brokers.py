@@ -18,6 +18,7 @@ handling, signing and concurrency.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -38,8 +39,8 @@ import pytest
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.brokers.rabbitmq import RabbitMQBroker, _Batch
-from outbox_core.brokers.webhook import WebhookBroker
+from outbox_core.brokers.rabbitmq import RabbitMQBroker, RabbitMQOptions, _Batch
+from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome, OutcomeKind
 from tests.contract.broker_fixtures import (
@@ -317,6 +318,32 @@ def test_registry_creates_each_broker(webhook_server: WebhookServer) -> None:
 def test_bad_options_raise_configuration_error(url: str, options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         create_broker(url, **options)
+
+
+def test_broker_options_are_one_frozen_dataclass_each() -> None:
+    rabbit = RabbitMQBroker.from_url(
+        "amqp://localhost/",
+        confirm_timeout="2500ms",
+        envelope="CloudEvents",
+        max_message_size="0",
+        declare_exchange="no",
+    )
+    assert rabbit.options == RabbitMQOptions(
+        confirm_timeout=2.5, envelope="cloudevents", max_message_size=None, declare_exchange=False
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rabbit.options.exchange = "other"  # type: ignore[misc]
+    hook = WebhookBroker.from_url(
+        "http://localhost/", concurrency="4", timeout="2s", headers='{"X-A": "1"}', verify_tls="0"
+    )
+    assert hook.options == WebhookOptions(
+        concurrency=4, timeout=2.0, headers={"X-A": "1"}, verify_tls=False
+    )
+    hook.close()
+    with pytest.raises(ConfigurationError, match=r"known RabbitMQ broker options: .*exchange"):
+        create_broker("amqp://localhost/", exchnage="typo")
+    with pytest.raises(ConfigurationError, match="known webhook broker options: concurrency"):
+        create_broker("http://localhost/", concurency="2")
 
 
 def test_rabbitmq_url_options() -> None:
