@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from outbox_core.errors import BrokerError, UnknownBroker
@@ -25,6 +25,13 @@ from outbox_core.message import Event, Outcome
 
 class Broker(ABC):
     """Publishes claimed events somewhere and says what happened to each."""
+
+    #: The client library's exceptions that mean the broker cannot be reached
+    #: (no connection, refused login, connection lost), as kombu's transports
+    #: declare ``connection_errors``. :meth:`unavailable_outcome` maps them to
+    #: ``unavailable``; anything else raised while publishing is the event's
+    #: failure (``retry``).
+    unavailable_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
     @abstractmethod
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
@@ -43,6 +50,20 @@ class Broker(ABC):
         publish anything. The default says "up": a broker with no server.
         """
         return None
+
+    def unavailable_outcome(self, exc: BaseException) -> Outcome | None:
+        """``unavailable`` when ``exc`` is one of :attr:`unavailable_errors`, else None.
+
+        The one place an exception becomes an outage: a broker catches what its
+        client raised and asks here before deciding ``retry`` or ``reject``.
+        """
+        if isinstance(exc, self.unavailable_errors):
+            return Outcome.unavailable(self.describe_unavailable(exc))
+        return None
+
+    def describe_unavailable(self, exc: BaseException) -> str:
+        """The error text of an ``unavailable`` outcome caused by ``exc``."""
+        return f"{type(exc).__name__}: {exc}"
 
     def close(self) -> None:  # noqa: B027 - optional hook, most brokers need it
         """Release connections; the broker is not used afterwards."""

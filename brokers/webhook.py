@@ -70,19 +70,6 @@ USER_AGENT: Final = "outbox-toolkit-webhook/1"
 #: Statuses that are worth retrying besides 5xx.
 RETRY_STATUSES: Final = frozenset({408, 425, 429})
 
-#: Errors that say the endpoint cannot be reached at all (an outage): no
-#: connection, DNS, TLS, the connection dropped before any response, a full
-#: pool. A request sent whose response timed out is that request's failure.
-_UNREACHABLE: Final = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.ProxyError,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
-)
-
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (delay seconds or an HTTP-date).
@@ -220,6 +207,19 @@ class WebhookBroker(Broker):
 
     One instance serves one relay; :meth:`publish` calls are serialised.
     """
+
+    #: The endpoint cannot be reached at all (an outage): no connection, DNS,
+    #: TLS, the connection dropped before any response, a full pool. A request
+    #: sent whose response timed out is that request's failure (``retry``).
+    unavailable_errors = (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.PoolTimeout,
+        httpx.ProxyError,
+        httpx.ReadError,
+        httpx.WriteError,
+        httpx.RemoteProtocolError,
+    )
 
     def __init__(self, url: str, options: WebhookOptions | None = None) -> None:
         try:
@@ -379,17 +379,23 @@ class WebhookBroker(Broker):
                     bytes(received),
                     response.charset_encoding,
                 )
-        except _UNREACHABLE as exc:
-            return Outcome.unavailable(f"webhook unreachable: {type(exc).__name__}: {exc}")
-        except httpx.TimeoutException as exc:  # sent, but no response in time: this request's
+        except Exception as exc:
+            return self.unavailable_outcome(exc) or self._failed(event, exc)
+
+    def _failed(self, event: Event, exc: Exception) -> Outcome:
+        """The outcome of a POST that raised something other than an outage."""
+        if isinstance(exc, httpx.TimeoutException):  # sent, no response in time: this request's
             return Outcome.retry(
                 f"webhook timed out ({type(exc).__name__}) after {self.timeout:g}s"
             )
-        except httpx.TransportError as exc:
+        if isinstance(exc, httpx.TransportError):
             return Outcome.retry(f"webhook request failed: {type(exc).__name__}: {exc}")
-        except Exception as exc:
-            log.warning("webhook POST of %s failed", event.event_id, exc_info=True)
-            return Outcome.retry(f"webhook error: {type(exc).__name__}: {exc}")
+        log.warning("webhook POST of %s failed", event.event_id, exc_info=exc)
+        return Outcome.retry(f"webhook error: {type(exc).__name__}: {exc}")
+
+    def describe_unavailable(self, exc: BaseException) -> str:
+        """``webhook unreachable: <error>``."""
+        return f"webhook unreachable: {type(exc).__name__}: {exc}"
 
     def probe(self) -> str | None:
         """``OPTIONS`` the webhook URL: any HTTP response means the endpoint is up."""
@@ -398,8 +404,8 @@ class WebhookBroker(Broker):
                 return "webhook broker is closed"
             try:
                 self._client.request("OPTIONS", self.url).close()
-            except httpx.TransportError as exc:
-                return f"webhook unreachable: {type(exc).__name__}: {exc}"
+            except httpx.TransportError as exc:  # any transport error: not answering
+                return self.describe_unavailable(exc)
             return None
 
     def close(self) -> None:

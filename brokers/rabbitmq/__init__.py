@@ -108,6 +108,11 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
     ``rabbitmq.mapping``; the connection and confirms: ``rabbitmq.connection``.
     """
 
+    #: pika's errors of a connection or channel gone while publishing; the
+    #: batch is then lost (an outage, unless the server closed the channel
+    #: over a message: see ``_settle``).
+    unavailable_errors = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError)
+
     def __init__(
         self,
         parameters: pika.ConnectionParameters | pika.URLParameters,
@@ -259,8 +264,8 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
                     message.properties,
                     mandatory=True,
                 )
-            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
-                batch.lost = _describe(exc)
+            except self.unavailable_errors as exc:
+                batch.lost = self.describe_unavailable(exc)
                 return
             except Exception as exc:  # marshalling failed before anything was written
                 batch.outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
@@ -272,6 +277,10 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
             if unflushed >= _FLUSH_BYTES:
                 unflushed = 0
                 self._pump()
+
+    def describe_unavailable(self, exc: BaseException) -> str:
+        """pika's error, unwrapped from the connection workflow's wrappers."""
+        return _describe(exc)
 
     def close(self) -> None:
         """Close the connection; later :meth:`publish` calls report ``retry``."""

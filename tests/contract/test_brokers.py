@@ -32,12 +32,15 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pika
+import pika.exceptions
 import pika.spec
 import pytest
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker, create_broker
+from outbox_core.brokers.callable import CallableBroker
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.brokers.rabbitmq import RabbitMQBroker, RabbitMQOptions, _Batch
 from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
@@ -318,6 +321,29 @@ def test_registry_creates_each_broker(webhook_server: WebhookServer) -> None:
 def test_bad_options_raise_configuration_error(url: str, options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         create_broker(url, **options)
+
+
+def test_brokers_declare_which_errors_mean_unavailable() -> None:
+    """The base maps a broker's declared client errors to ``unavailable``, nothing else."""
+    hook = WebhookBroker.from_url("http://localhost/")
+    down = hook.unavailable_outcome(httpx.ConnectError("refused"))
+    assert down == Outcome.unavailable("webhook unreachable: ConnectError: refused")
+    assert hook.unavailable_outcome(httpx.ReadTimeout("slow")) is None  # sent: the event's
+    hook.close()
+    rabbit = RabbitMQBroker.from_url("amqp://localhost/")
+    lost = rabbit.unavailable_outcome(pika.exceptions.StreamLostError("reset"))
+    assert lost is not None and lost.is_unavailable
+    assert rabbit.unavailable_outcome(ValueError("bad")) is None
+    assert MemoryBroker().unavailable_errors == ()
+
+    def refused(events: Sequence[Event]) -> None:
+        raise ConnectionRefusedError("no route")
+
+    def broken(events: Sequence[Event]) -> None:
+        raise KeyError("bug")
+
+    assert kinds(CallableBroker(refused).publish([make_event()])) == [DOWN]
+    assert kinds(CallableBroker(broken).publish([make_event()])) == [RETRY]
 
 
 def test_broker_options_are_one_frozen_dataclass_each() -> None:
