@@ -45,7 +45,7 @@ from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.brokers.rabbitmq import RabbitMQBroker, RabbitMQOptions, _Batch
 from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
 from outbox_core.errors import ConfigurationError
-from outbox_core.message import Event, Outcome, OutcomeKind
+from outbox_core.message import Event, Outcome, OutcomeKind, build_new_event
 from tests.contract.broker_fixtures import (
     SECRET,
     TRACEPARENT,
@@ -372,6 +372,21 @@ def test_broker_options_are_one_frozen_dataclass_each() -> None:
         create_broker("http://localhost/", concurency="2")
 
 
+def test_the_amqp_routing_key_limit_is_rabbitmqs_rule() -> None:
+    wide = make_event("order." + "é" * 200)  # 206 characters, 406 bytes
+    build_new_event(wide.topic, {})  # the core takes it: other brokers have no such limit
+    assert kinds(MemoryBroker(MemoryQueue("wide")).publish([wide])) == [OK]
+    broker = RabbitMQBroker.from_url("amqp://localhost/")
+    with pytest.raises(ValueError, match="an AMQP routing key holds at most 255 bytes"):
+        broker.build_message(wide)
+    assert broker.build_message(make_event("order." + "é" * 124)).routing_key  # 254 bytes
+    with pytest.raises(ConfigurationError, match="routing_key is 300 bytes without its fields"):
+        RabbitMQBroker.from_url("amqp://localhost/", routing_key="r" * 300)
+    with pytest.raises(ConfigurationError, match="at most 255 bytes"):
+        RabbitMQBroker.from_url("amqp://localhost/", routing_key="é" * 128 + ".{topic}")
+    RabbitMQBroker.from_url("amqp://localhost/", routing_key="r" * 200 + ".{topic}").close()
+
+
 def test_rabbitmq_url_options() -> None:
     tls = RabbitMQBroker.from_url(
         "amqps://u:p@mq.example/vh?heartbeat=15",
@@ -525,10 +540,14 @@ def test_rabbitmq_unencodable_event_is_rejected_alone(rabbit: RabbitState) -> No
     long_topic = make_event("contract." + "x" * 300)
     huge = make_event(payload={"blob": "x" * 2000})
     good = make_event()
-    outcomes = broker.publish([bad, long_topic, huge, good])
+    wide = make_event("contract." + "з" * 200)  # 200 characters, 409 bytes: the core took it
+    outcomes = broker.publish([bad, long_topic, huge, good, wide])
     broker.close()
-    assert kinds(outcomes) == [REJECT, REJECT, REJECT, OK]
+    assert kinds(outcomes) == [REJECT, REJECT, REJECT, OK, REJECT]
     assert "max_message_size" in (outcomes[2].error or "")
+    assert "409 bytes in UTF-8; an AMQP routing key holds at most 255 bytes" in (
+        outcomes[4].error or ""
+    )
     assert [p.message_id for p, _ in rabbit.drain()] == [good.event_id]
 
 
