@@ -1,10 +1,9 @@
 """Webhook broker: POST every event to an HTTP(S) endpoint (``http://`` / ``https://``).
 
 Requests within a batch run concurrently (``concurrency``, default 16) on a
-small thread pool sharing one pooled :class:`httpx.Client`. Events with the
-same ``key`` are sent one after the other, in batch order, and the first
-failure stops the rest of that key's events in the batch (they are
-reported ``retry``), so a receiver never sees a key's events out of order.
+small thread pool sharing one pooled :class:`httpx.Client`, each with its own
+outcome. So the broker does not keep a key's order within a batch
+(``keeps_batch_order = False``): the relay sequences a key's events for it.
 
 Requests are signed per the `Standard Webhooks <https://www.standardwebhooks.com/>`_
 specification when a ``secret`` (``whsec_<base64>``) is configured:
@@ -208,6 +207,10 @@ class WebhookBroker(Broker):
     One instance serves one relay; :meth:`publish` calls are serialised.
     """
 
+    #: A batch's requests run concurrently, so two events of one key may
+    #: arrive in either order: the relay hands this broker one per key at a time.
+    keeps_batch_order = False
+
     #: The endpoint cannot be reached at all (an outage): no connection, DNS,
     #: TLS, the connection dropped before any response, a full pool. A request
     #: sent whose response timed out is that request's failure (``retry``).
@@ -310,25 +313,22 @@ class WebhookBroker(Broker):
     # -- publishing -----------------------------------------------------------
 
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
-        """POST every event (concurrently, one key at a time); one outcome per event."""
+        """POST every event, concurrently; one outcome per event."""
         if not events:
             return []
         with self._lock:
             if self._closed:
                 return [Outcome.unavailable("webhook broker is closed")] * len(events)
-            chains = _chains(events)
             outcomes: list[Outcome | None] = [None] * len(events)
             try:
-                if len(chains) == 1 or self.concurrency == 1:
-                    for chain in chains:
-                        self._send_chain(events, chain, outcomes)
+                if len(events) == 1 or self.concurrency == 1:
+                    for index, event in enumerate(events):
+                        outcomes[index] = self._send_one(event)
                 else:
                     pool = self._executor()
-                    futures = [
-                        pool.submit(self._send_chain, events, chain, outcomes) for chain in chains
-                    ]
-                    for future in futures:
-                        future.result()
+                    futures = [pool.submit(self._send_one, event) for event in events]
+                    for index, future in enumerate(futures):
+                        outcomes[index] = future.result()
             except Exception as exc:  # a bug or interpreter shutdown: never raise
                 log.exception("webhook batch failed")
                 error = f"webhook broker error: {type(exc).__name__}: {exc}"
@@ -344,20 +344,6 @@ class WebhookBroker(Broker):
                 max_workers=self.concurrency, thread_name_prefix="outbox-webhook"
             )
         return self._pool
-
-    def _send_chain(
-        self, events: Sequence[Event], chain: list[int], outcomes: list[Outcome | None]
-    ) -> None:
-        for position, index in enumerate(chain):
-            outcome = self._send_one(events[index])
-            outcomes[index] = outcome
-            if not outcome.is_ok:
-                key = events[index].key
-                for later in chain[position + 1 :]:
-                    outcomes[later] = Outcome.retry(
-                        f"not sent: an earlier event with key {key!r} in this batch failed"
-                    )
-                return
 
     def _send_one(self, event: Event) -> Outcome:
         try:
@@ -418,19 +404,3 @@ class WebhookBroker(Broker):
                 self._pool.shutdown(wait=True)
                 self._pool = None
             self._client.close()
-
-
-def _chains(events: Sequence[Event]) -> list[list[int]]:
-    """Batch positions grouped so that events sharing a key form one ordered chain."""
-    chains: list[list[int]] = []
-    by_key: dict[str, list[int]] = {}
-    for index, event in enumerate(events):
-        if event.key is None:
-            chains.append([index])
-            continue
-        chain = by_key.get(event.key)
-        if chain is None:
-            chain = by_key[event.key] = []
-            chains.append(chain)
-        chain.append(index)
-    return chains
