@@ -26,7 +26,9 @@ connection closed) or a ``call_later`` deadline fires. The calls used:
   and ``add_on_connection_blocked_callback``: what ends a batch early.
 
 Outcomes: confirmed -> ``ok``; returned (unroutable) -> ``reject`` (or
-``retry`` with ``unroutable="retry"``); nacked -> ``retry``; the channel
+``retry`` with ``unroutable="retry"``); a routing key over AMQP's 255 bytes
+(the topic, by default; the outbox itself allows 255 characters) or a body
+over ``max_message_size`` -> ``reject`` before publishing; nacked -> ``retry``; the channel
 closed by the server while publishing (a message it refused) -> ``retry`` for
 what was not confirmed. Connection-level trouble is ``unavailable``, which
 spends no attempt: cannot connect, login refused, the exchange missing, a
