@@ -1,5 +1,5 @@
 """Brokers: one module per broker, loaded by URL scheme on demand."""
 
-from outbox_core.brokers.base import Broker, create_broker, known_schemes
+from outbox_core.brokers.base import Broker, create_broker, known_schemes, register_broker
 
-__all__ = ["Broker", "create_broker", "known_schemes"]
+__all__ = ["Broker", "create_broker", "known_schemes", "register_broker"]

@@ -16,15 +16,23 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
-from outbox_core.errors import BrokerError, UnknownBroker
+from outbox_core.errors import BrokerError, ConfigurationError, UnknownBroker
 from outbox_core.message import Event, Outcome
 
 
 class Broker(ABC):
     """Publishes claimed events somewhere and says what happened to each."""
+
+    #: The client library's exceptions that mean the broker cannot be reached
+    #: (no connection, refused login, connection lost), as kombu's transports
+    #: declare ``connection_errors``. :meth:`unavailable_outcome` maps them to
+    #: ``unavailable``; anything else raised while publishing is the event's
+    #: failure (``retry``).
+    unavailable_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
     @abstractmethod
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
@@ -43,6 +51,20 @@ class Broker(ABC):
         publish anything. The default says "up": a broker with no server.
         """
         return None
+
+    def unavailable_outcome(self, exc: BaseException) -> Outcome | None:
+        """``unavailable`` when ``exc`` is one of :attr:`unavailable_errors`, else None.
+
+        The one place an exception becomes an outage: a broker catches what its
+        client raised and asks here before deciding ``retry`` or ``reject``.
+        """
+        if isinstance(exc, self.unavailable_errors):
+            return Outcome.unavailable(self.describe_unavailable(exc))
+        return None
+
+    def describe_unavailable(self, exc: BaseException) -> str:
+        """The error text of an ``unavailable`` outcome caused by ``exc``."""
+        return f"{type(exc).__name__}: {exc}"
 
     def close(self) -> None:  # noqa: B027 - optional hook, most brokers need it
         """Release connections; the broker is not used afterwards."""
@@ -64,31 +86,92 @@ REGISTRY: dict[str, str] = {
     "python": "outbox_core.brokers.callable:CallableBroker",
 }
 
+#: The entry-point group a package ships a broker under: the entry point's
+#: name is the URL scheme, its value ``package.module:Class``.
+ENTRY_POINT_GROUP: Final = "outbox_core.brokers"
 
 _EXTRAS = {"amqp": "rabbitmq", "amqps": "rabbitmq", "http": "webhook", "https": "webhook"}
 
+#: Scheme -> "module:Class" added by :func:`register_broker`.
+_REGISTERED: dict[str, str] = {}
+
+
+def register_broker(scheme: str, target: str) -> None:
+    """Serve ``scheme://`` URLs with the broker class at ``target`` (``package.module:Class``).
+
+    The fallback for code that is not an installed package with an
+    ``outbox_core.brokers`` entry point; imported on first use. A built-in
+    scheme cannot be replaced.
+    """
+    name = scheme.lower().removesuffix("://")
+    module_name, sep, cls_name = target.partition(":")
+    if not sep or not module_name or not cls_name:
+        raise ConfigurationError(f"broker class must be 'package.module:Class', got {target!r}")
+    if name in REGISTRY and REGISTRY[name] != target:
+        raise ConfigurationError(f"{name}:// is a built-in broker and cannot be replaced")
+    _REGISTERED[name] = target
+
+
+def _plugins() -> dict[str, EntryPoint]:
+    """Installed packages' brokers, read from their metadata when asked (never at import)."""
+    found: dict[str, EntryPoint] = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(entry.name.lower(), entry)
+    return found
+
 
 def known_schemes() -> list[str]:
-    """URL schemes :func:`create_broker` accepts."""
-    return sorted(REGISTRY)
+    """URL schemes :func:`create_broker` accepts: built-in, registered and installed plug-ins."""
+    return sorted(set(REGISTRY) | set(_REGISTERED) | set(_plugins()))
 
 
 def create_broker(url: str, **options: Any) -> Broker:
-    """Create a broker from its URL; raise :class:`UnknownBroker` for an unknown scheme."""
+    """Create a broker from its URL; raise :class:`UnknownBroker` for an unknown scheme.
+
+    The scheme is looked up in the built-in :data:`REGISTRY`, then in
+    :func:`register_broker`'s, then in the ``outbox_core.brokers`` entry
+    points of installed packages.
+    """
     scheme = urlsplit(url).scheme.lower()
-    target = REGISTRY.get(scheme)
-    if target is None:
-        shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
-        raise UnknownBroker(
-            f"unknown broker URL scheme {shown}; supported: "
-            + ", ".join(f"{s}://" for s in known_schemes())
-        )
-    module_name, _, cls_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        extra = _EXTRAS.get(scheme)
-        hint = f"; install it with: pip install 'outbox-toolkit[{extra}]'" if extra else ""
-        raise BrokerError(f"the {scheme}:// broker needs a missing package ({exc}){hint}") from exc
-    cls: type[Broker] = getattr(module, cls_name)
+    cls = _broker_class(scheme, url)
     return cls.from_url(url, **options)
+
+
+def _broker_class(scheme: str, url: str) -> type[Broker]:
+    target = REGISTRY.get(scheme) or _REGISTERED.get(scheme)
+    if target is not None:
+        module_name, _, cls_name = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            extra = _EXTRAS.get(scheme)
+            hint = f"; install it with: pip install 'outbox-toolkit[{extra}]'" if extra else ""
+            raise BrokerError(
+                f"the {scheme}:// broker needs a missing package ({exc}){hint}"
+            ) from exc
+        loaded: object = getattr(module, cls_name, None)
+        where = target
+    else:
+        entry = _plugins().get(scheme) if scheme else None
+        if entry is None:
+            shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
+            raise UnknownBroker(
+                f"unknown broker URL scheme {shown}; supported: "
+                + ", ".join(f"{s}://" for s in known_schemes())
+                + f" (a package adds one under the entry-point group {ENTRY_POINT_GROUP})"
+            )
+        where = f"{entry.value} (entry point of {_distribution(entry)})"
+        try:
+            loaded = entry.load()
+        except Exception as exc:  # a broken plug-in: say which one
+            raise BrokerError(
+                f"the {scheme}:// broker {where} cannot be loaded: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not (isinstance(loaded, type) and issubclass(loaded, Broker)):
+        raise BrokerError(f"the {scheme}:// broker {where} is not a Broker subclass")
+    return loaded
+
+
+def _distribution(entry: EntryPoint) -> str:
+    dist = getattr(entry, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "an installed package"

@@ -32,6 +32,10 @@ class PermanentError(Exception):
 class CallableBroker(Broker):
     """Calls a user function with each batch."""
 
+    #: The builtin, parent of ConnectionRefusedError and friends: the
+    #: function's own broker is down.
+    unavailable_errors = (ConnectionError,)
+
     def __init__(self, function: PublishFunction, name: str = "callable") -> None:
         self.function = function
         self.name = name
@@ -60,10 +64,9 @@ class CallableBroker(Broker):
             result = self.function(events)
         except PermanentError as exc:
             return [Outcome.reject(f"{type(exc).__name__}: {exc}")] * len(events)
-        except ConnectionError as exc:  # the function's broker is down: an outage
-            return [Outcome.unavailable(f"{type(exc).__name__}: {exc}")] * len(events)
         except Exception as exc:
-            return [Outcome.retry(f"{type(exc).__name__}: {exc}")] * len(events)
+            outcome = self.unavailable_outcome(exc) or Outcome.retry(f"{type(exc).__name__}: {exc}")
+            return [outcome] * len(events)
         if result is None:
             return [Outcome.ok()] * len(events)
         outcomes = list(result)

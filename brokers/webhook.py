@@ -1,10 +1,9 @@
 """Webhook broker: POST every event to an HTTP(S) endpoint (``http://`` / ``https://``).
 
 Requests within a batch run concurrently (``concurrency``, default 16) on a
-small thread pool sharing one pooled :class:`httpx.Client`. Events with the
-same ``key`` are sent one after the other, in batch order, and the first
-failure stops the rest of that key's events in the batch (they are
-reported ``retry``), so a receiver never sees a key's events out of order.
+small thread pool sharing one pooled :class:`httpx.Client`, each with its own
+outcome. So the broker does not keep a key's order within a batch
+(``keeps_batch_order = False``): the relay sequences a key's events for it.
 
 Requests are signed per the `Standard Webhooks <https://www.standardwebhooks.com/>`_
 specification when a ``secret`` (``whsec_<base64>``) is configured:
@@ -46,14 +45,15 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_args
 
 import httpx
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker
 from outbox_core.brokers.signing import SIGNATURE_VERSION, decode_secret, signature
-from outbox_core.config import mask_url, parse_bool, parse_duration
+from outbox_core.config import checked, from_values, mask_url, parse_bool, setting
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome
 
@@ -63,27 +63,11 @@ log = logging.getLogger("outbox.brokers.webhook")
 ERROR_BODY_CHARS: Final = 200
 #: Bytes of a response body read at most (the rest is dropped).
 _MAX_RESPONSE_BYTES: Final = 8192
-ENVELOPES: Final = ("plain", "cloudevents")
+Envelope = Literal["plain", "cloudevents"]
+ENVELOPES: Final = get_args(Envelope)
 USER_AGENT: Final = "outbox-toolkit-webhook/1"
 #: Statuses that are worth retrying besides 5xx.
 RETRY_STATUSES: Final = frozenset({408, 425, 429})
-
-#: Errors that say the endpoint cannot be reached at all (an outage): no
-#: connection, DNS, TLS, the connection dropped before any response, a full
-#: pool. A request sent whose response timed out is that request's failure.
-_UNREACHABLE: Final = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.ProxyError,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
-)
-
-_OPTIONS: Final = frozenset(
-    {"concurrency", "timeout", "secret", "envelope", "source", "headers", "verify_tls", "transport"}
-)
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -149,21 +133,7 @@ def classify(
 # Option parsing
 
 
-def _as_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name}: expected a positive integer, got {value!r}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name}: expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise ConfigurationError(f"{name}: must be at least 1, got {number}")
-    return number
-
-
-def _as_headers(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
+def _as_headers(value: Any, name: str) -> dict[str, str]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -181,7 +151,7 @@ def _as_headers(value: Any) -> dict[str, str]:
     return result
 
 
-def _as_verify(value: Any) -> bool | ssl.SSLContext:
+def _as_verify(value: Any, name: str) -> bool | ssl.SSLContext:
     if isinstance(value, ssl.SSLContext):
         return value
     if isinstance(value, bool):
@@ -195,6 +165,38 @@ def _as_verify(value: Any) -> bool | ssl.SSLContext:
         raise ConfigurationError(f"verify_tls: cannot load CA bundle {text!r}: {exc}") from None
 
 
+def _as_secret(value: Any, name: str) -> bytes:
+    # The HMAC key; bytes are the key itself, so converting twice changes nothing.
+    return decode_secret(value)
+
+
+def _as_source(value: Any, name: str) -> str:
+    return cloudevents.check_source(value)
+
+
+@checked
+@dataclass(frozen=True)
+class WebhookOptions:
+    """The webhook broker's options, converted from strings by their field types.
+
+    See :mod:`outbox_core.brokers.webhook` for what each one does.
+    """
+
+    concurrency: int = 16
+    #: Seconds per request.
+    timeout: float = setting(10.0, positive=True)
+    #: The HMAC key (``whsec_<base64>`` is decoded); None: requests are not signed.
+    secret: bytes | None = setting(None, convert=_as_secret, repr=False)
+    envelope: Envelope = "plain"
+    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    #: Extra request headers: a mapping or a JSON object.
+    headers: Mapping[str, str] | None = setting(None, convert=_as_headers)
+    #: True, False, a CA bundle path or an :class:`ssl.SSLContext`.
+    verify_tls: bool | ssl.SSLContext = setting(True, convert=_as_verify)  # noqa: RUF009 - a field()
+    #: An httpx transport instead of the pooled default (tests).
+    transport: httpx.BaseTransport | None = None
+
+
 # ---------------------------------------------------------------------------
 # The broker
 
@@ -205,19 +207,24 @@ class WebhookBroker(Broker):
     One instance serves one relay; :meth:`publish` calls are serialised.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        concurrency: int = 16,
-        timeout: float = 10.0,
-        secret: str | bytes | None = None,
-        envelope: str = "plain",
-        source: str = cloudevents.DEFAULT_SOURCE,
-        headers: Mapping[str, str] | None = None,
-        verify_tls: bool | ssl.SSLContext = True,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
+    #: A batch's requests run concurrently, so two events of one key may
+    #: arrive in either order: the relay hands this broker one per key at a time.
+    keeps_batch_order = False
+
+    #: The endpoint cannot be reached at all (an outage): no connection, DNS,
+    #: TLS, the connection dropped before any response, a full pool. A request
+    #: sent whose response timed out is that request's failure (``retry``).
+    unavailable_errors = (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.PoolTimeout,
+        httpx.ProxyError,
+        httpx.ReadError,
+        httpx.WriteError,
+        httpx.RemoteProtocolError,
+    )
+
+    def __init__(self, url: str, options: WebhookOptions | None = None) -> None:
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, TypeError) as exc:
@@ -226,34 +233,30 @@ class WebhookBroker(Broker):
             raise ConfigurationError(
                 f"webhook URL must be http:// or https:// with a host, got {mask_url(url)!r}"
             )
-        if envelope not in ENVELOPES:
-            raise ConfigurationError(
-                f"envelope must be one of {', '.join(ENVELOPES)}; got {envelope!r}"
-            )
-        if concurrency < 1:
-            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout}")
+        # ``options`` were converted and checked when built (WebhookOptions).
+        self.options = opts = options if options is not None else WebhookOptions()
         self.url = url
-        self.concurrency = concurrency
-        self.timeout = timeout
-        self.envelope = envelope
-        self.source = cloudevents.check_source(source)
+        self.concurrency = opts.concurrency
+        self.timeout = opts.timeout
+        self.envelope = opts.envelope
+        self.source = opts.source
         # lower-cased, so the content and signature headers set per request win
-        self.extra_headers = {name.lower(): value for name, value in (headers or {}).items()}
-        self._key = decode_secret(secret) if secret is not None else None
+        self.extra_headers = {name.lower(): value for name, value in (opts.headers or {}).items()}
+        self._key = opts.secret
         self._display_url = mask_url(url)
+        transport = opts.transport
         if transport is None:
             # one quiet retry of a failed TCP connect (never of a sent request)
             transport = httpx.HTTPTransport(
-                verify=verify_tls,
+                verify=opts.verify_tls,
                 limits=httpx.Limits(
-                    max_connections=concurrency, max_keepalive_connections=concurrency
+                    max_connections=opts.concurrency,
+                    max_keepalive_connections=opts.concurrency,
                 ),
                 retries=1,
             )
         self._client = httpx.Client(
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(opts.timeout),
             follow_redirects=False,
             transport=transport,
             headers={"user-agent": USER_AGENT},
@@ -265,30 +268,7 @@ class WebhookBroker(Broker):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> WebhookBroker:
         """Create the broker for ``url``; options as in the module documentation."""
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise ConfigurationError(
-                f"unknown webhook broker option(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(_OPTIONS))}"
-            )
-        kwargs: dict[str, Any] = {}
-        if "concurrency" in options:
-            kwargs["concurrency"] = _as_positive_int(options["concurrency"], "concurrency")
-        if "timeout" in options:
-            kwargs["timeout"] = parse_duration(options["timeout"], "timeout")
-        if options.get("secret") is not None:
-            kwargs["secret"] = options["secret"]
-        if "envelope" in options:
-            kwargs["envelope"] = str(options["envelope"]).strip().lower()
-        if "source" in options:
-            kwargs["source"] = options["source"]
-        if "headers" in options:
-            kwargs["headers"] = _as_headers(options["headers"])
-        if "verify_tls" in options:
-            kwargs["verify_tls"] = _as_verify(options["verify_tls"])
-        if options.get("transport") is not None:
-            kwargs["transport"] = options["transport"]
-        return cls(url, **kwargs)
+        return cls(url, from_values(WebhookOptions, options, what="webhook broker option"))
 
     def __repr__(self) -> str:
         return f"WebhookBroker({self._display_url!r}, envelope={self.envelope!r})"
@@ -333,25 +313,22 @@ class WebhookBroker(Broker):
     # -- publishing -----------------------------------------------------------
 
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
-        """POST every event (concurrently, one key at a time); one outcome per event."""
+        """POST every event, concurrently; one outcome per event."""
         if not events:
             return []
         with self._lock:
             if self._closed:
                 return [Outcome.unavailable("webhook broker is closed")] * len(events)
-            chains = _chains(events)
             outcomes: list[Outcome | None] = [None] * len(events)
             try:
-                if len(chains) == 1 or self.concurrency == 1:
-                    for chain in chains:
-                        self._send_chain(events, chain, outcomes)
+                if len(events) == 1 or self.concurrency == 1:
+                    for index, event in enumerate(events):
+                        outcomes[index] = self._send_one(event)
                 else:
                     pool = self._executor()
-                    futures = [
-                        pool.submit(self._send_chain, events, chain, outcomes) for chain in chains
-                    ]
-                    for future in futures:
-                        future.result()
+                    futures = [pool.submit(self._send_one, event) for event in events]
+                    for index, future in enumerate(futures):
+                        outcomes[index] = future.result()
             except Exception as exc:  # a bug or interpreter shutdown: never raise
                 log.exception("webhook batch failed")
                 error = f"webhook broker error: {type(exc).__name__}: {exc}"
@@ -367,20 +344,6 @@ class WebhookBroker(Broker):
                 max_workers=self.concurrency, thread_name_prefix="outbox-webhook"
             )
         return self._pool
-
-    def _send_chain(
-        self, events: Sequence[Event], chain: list[int], outcomes: list[Outcome | None]
-    ) -> None:
-        for position, index in enumerate(chain):
-            outcome = self._send_one(events[index])
-            outcomes[index] = outcome
-            if not outcome.is_ok:
-                key = events[index].key
-                for later in chain[position + 1 :]:
-                    outcomes[later] = Outcome.retry(
-                        f"not sent: an earlier event with key {key!r} in this batch failed"
-                    )
-                return
 
     def _send_one(self, event: Event) -> Outcome:
         try:
@@ -402,17 +365,23 @@ class WebhookBroker(Broker):
                     bytes(received),
                     response.charset_encoding,
                 )
-        except _UNREACHABLE as exc:
-            return Outcome.unavailable(f"webhook unreachable: {type(exc).__name__}: {exc}")
-        except httpx.TimeoutException as exc:  # sent, but no response in time: this request's
+        except Exception as exc:
+            return self.unavailable_outcome(exc) or self._failed(event, exc)
+
+    def _failed(self, event: Event, exc: Exception) -> Outcome:
+        """The outcome of a POST that raised something other than an outage."""
+        if isinstance(exc, httpx.TimeoutException):  # sent, no response in time: this request's
             return Outcome.retry(
                 f"webhook timed out ({type(exc).__name__}) after {self.timeout:g}s"
             )
-        except httpx.TransportError as exc:
+        if isinstance(exc, httpx.TransportError):
             return Outcome.retry(f"webhook request failed: {type(exc).__name__}: {exc}")
-        except Exception as exc:
-            log.warning("webhook POST of %s failed", event.event_id, exc_info=True)
-            return Outcome.retry(f"webhook error: {type(exc).__name__}: {exc}")
+        log.warning("webhook POST of %s failed", event.event_id, exc_info=exc)
+        return Outcome.retry(f"webhook error: {type(exc).__name__}: {exc}")
+
+    def describe_unavailable(self, exc: BaseException) -> str:
+        """``webhook unreachable: <error>``."""
+        return f"webhook unreachable: {type(exc).__name__}: {exc}"
 
     def probe(self) -> str | None:
         """``OPTIONS`` the webhook URL: any HTTP response means the endpoint is up."""
@@ -421,8 +390,8 @@ class WebhookBroker(Broker):
                 return "webhook broker is closed"
             try:
                 self._client.request("OPTIONS", self.url).close()
-            except httpx.TransportError as exc:
-                return f"webhook unreachable: {type(exc).__name__}: {exc}"
+            except httpx.TransportError as exc:  # any transport error: not answering
+                return self.describe_unavailable(exc)
             return None
 
     def close(self) -> None:
@@ -435,19 +404,3 @@ class WebhookBroker(Broker):
                 self._pool.shutdown(wait=True)
                 self._pool = None
             self._client.close()
-
-
-def _chains(events: Sequence[Event]) -> list[list[int]]:
-    """Batch positions grouped so that events sharing a key form one ordered chain."""
-    chains: list[list[int]] = []
-    by_key: dict[str, list[int]] = {}
-    for index, event in enumerate(events):
-        if event.key is None:
-            chains.append([index])
-            continue
-        chain = by_key.get(event.key)
-        if chain is None:
-            chain = by_key[event.key] = []
-            chains.append(chain)
-        chain.append(index)
-    return chains

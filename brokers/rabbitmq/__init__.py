@@ -26,7 +26,9 @@ connection closed) or a ``call_later`` deadline fires. The calls used:
   and ``add_on_connection_blocked_callback``: what ends a batch early.
 
 Outcomes: confirmed -> ``ok``; returned (unroutable) -> ``reject`` (or
-``retry`` with ``unroutable="retry"``); nacked -> ``retry``; the channel
+``retry`` with ``unroutable="retry"``); a routing key over AMQP's 255 bytes
+(the topic, by default; the outbox itself allows 255 characters) or a body
+over ``max_message_size`` -> ``reject`` before publishing; nacked -> ``retry``; the channel
 closed by the server while publishing (a message it refused) -> ``retry`` for
 what was not confirmed. Connection-level trouble is ``unavailable``, which
 spends no attempt: cannot connect, login refused, the exchange missing, a
@@ -69,7 +71,6 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import IOLoop
 
-from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker
 from outbox_core.brokers.rabbitmq.connection import (
     _FLUSH_BYTES,
@@ -85,14 +86,8 @@ from outbox_core.brokers.rabbitmq.mapping import (
     AmqpMessage,
     build_message,
 )
-from outbox_core.brokers.rabbitmq.options import (
-    DEFAULT_MAX_MESSAGE_SIZE,
-    ENVELOPES,
-    UNROUTABLE,
-    _check_routing_key,
-    from_url_options,
-)
-from outbox_core.errors import ConfigurationError
+from outbox_core.brokers.rabbitmq.options import ENVELOPES, RabbitMQOptions, from_url_options
+from outbox_core.config import mask_url
 from outbox_core.message import Event, Outcome
 
 __all__ = [
@@ -101,6 +96,7 @@ __all__ = [
     "KEY_HEADER",
     "AmqpMessage",
     "RabbitMQBroker",
+    "RabbitMQOptions",
     "_Batch",
 ]
 
@@ -110,64 +106,37 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
 
     One instance serves one relay; :meth:`publish` calls are serialised. The
     connection is opened on the first :meth:`publish`, not at creation.
-    Options: ``rabbitmq_options``; the message: ``rabbitmq_mapping``; the
-    connection and confirms: ``rabbitmq_connection``.
+    Options: :class:`RabbitMQOptions` (``rabbitmq.options``); the message:
+    ``rabbitmq.mapping``; the connection and confirms: ``rabbitmq.connection``.
     """
+
+    #: pika's errors of a connection or channel gone while publishing; the
+    #: batch is then lost (an outage, unless the server closed the channel
+    #: over a message: see ``_settle``).
+    unavailable_errors = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError)
 
     def __init__(
         self,
         parameters: pika.ConnectionParameters | pika.URLParameters,
+        options: RabbitMQOptions | None = None,
         *,
-        exchange: str = "outbox",
-        exchange_type: str = "topic",
-        declare_exchange: bool = True,
-        routing_key: str | None = None,
-        envelope: str = "plain",
-        source: str = cloudevents.DEFAULT_SOURCE,
-        cloudevents_prefix: str = cloudevents.AMQP_PREFIX,
-        unroutable: str = "reject",
-        confirm_timeout: float = 10.0,
-        connect_timeout: float = 10.0,
-        reconnect_max: float = 30.0,
-        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
         display: str | None = None,
     ) -> None:
-        if not isinstance(exchange, str):
-            raise ConfigurationError(f"exchange must be a string, got {exchange!r}")
-        if envelope not in ENVELOPES:
-            raise ConfigurationError(
-                f"envelope must be one of {', '.join(ENVELOPES)}; got {envelope!r}"
-            )
-        if unroutable not in UNROUTABLE:
-            raise ConfigurationError(
-                f"unroutable must be one of {', '.join(UNROUTABLE)}; got {unroutable!r}"
-            )
-        for name, value in (
-            ("confirm_timeout", confirm_timeout),
-            ("connect_timeout", connect_timeout),
-        ):
-            if not value > 0:
-                raise ConfigurationError(f"{name} must be positive, got {value!r}")
-        if reconnect_max < 0:
-            raise ConfigurationError(f"reconnect_max must not be negative, got {reconnect_max!r}")
+        # ``options`` were converted and checked when built (RabbitMQOptions).
+        self.options = opts = options if options is not None else RabbitMQOptions()
         self.parameters = parameters
-        self.exchange = exchange
-        self.exchange_type = exchange_type
-        self.declare_exchange = declare_exchange
-        self.routing_key = _check_routing_key(routing_key) if routing_key is not None else None
-        self.envelope = envelope
-        self.source = cloudevents.check_source(source)
-        if cloudevents_prefix not in cloudevents.AMQP_PREFIXES:
-            raise ConfigurationError(
-                f"cloudevents_prefix must be one of {', '.join(cloudevents.AMQP_PREFIXES)}; "
-                f"got {cloudevents_prefix!r}"
-            )
-        self.cloudevents_prefix = cloudevents_prefix
-        self.unroutable = unroutable
-        self.confirm_timeout = confirm_timeout
-        self.connect_timeout = connect_timeout
-        self.reconnect_max = reconnect_max
-        self.max_message_size = max_message_size or None
+        self.exchange = opts.exchange
+        self.exchange_type = opts.exchange_type
+        self.declare_exchange = opts.declare_exchange
+        self.routing_key = opts.routing_key
+        self.envelope = opts.envelope
+        self.source = opts.source
+        self.cloudevents_prefix = opts.cloudevents_prefix
+        self.unroutable = opts.unroutable
+        self.confirm_timeout = opts.confirm_timeout
+        self.connect_timeout = opts.connect_timeout
+        self.reconnect_max = opts.reconnect_max
+        self.max_message_size = opts.max_message_size
         self.display = display or f"amqp://{parameters.host}:{parameters.port}"
 
         self._lock = threading.Lock()
@@ -187,8 +156,8 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RabbitMQBroker:
         """Create the broker for an ``amqp://`` or ``amqps://`` URL; see the module docs."""
-        parameters, kwargs = from_url_options(url, options)
-        return cls(parameters, **kwargs)
+        parameters, opts = from_url_options(url, options)
+        return cls(parameters, opts, display=mask_url(url))
 
     def __repr__(self) -> str:
         return f"RabbitMQBroker({self.display!r}, exchange={self.exchange!r})"
@@ -297,8 +266,8 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
                     message.properties,
                     mandatory=True,
                 )
-            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
-                batch.lost = _describe(exc)
+            except self.unavailable_errors as exc:
+                batch.lost = self.describe_unavailable(exc)
                 return
             except Exception as exc:  # marshalling failed before anything was written
                 batch.outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
@@ -310,6 +279,10 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
             if unflushed >= _FLUSH_BYTES:
                 unflushed = 0
                 self._pump()
+
+    def describe_unavailable(self, exc: BaseException) -> str:
+        """pika's error, unwrapped from the connection workflow's wrappers."""
+        return _describe(exc)
 
     def close(self) -> None:
         """Close the connection; later :meth:`publish` calls report ``retry``."""

@@ -46,9 +46,12 @@ def build_message(
         key = event.topic
     else:
         key = routing_key.format(topic=event.topic, key=event.key or "", event_id=event.event_id)
-    if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
+    # AMQP's rule, not the outbox's: the core stores any topic of 255 characters.
+    size = len(key.encode())
+    if size > MAX_ROUTING_KEY_BYTES:
         raise ValueError(
-            f"routing key is longer than {MAX_ROUTING_KEY_BYTES} bytes: {key[:60]!r}..."
+            f"routing key is {size} bytes in UTF-8; an AMQP routing key holds at most "
+            f"{MAX_ROUTING_KEY_BYTES} bytes: {key[:60]!r}..."
         )
     headers: dict[str, Any] = dict(event.headers or {})
     if envelope == "cloudevents":

@@ -18,6 +18,7 @@ handling, signing and concurrency.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -31,17 +32,20 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pika
+import pika.exceptions
 import pika.spec
 import pytest
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker, create_broker
+from outbox_core.brokers.callable import CallableBroker
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.brokers.rabbitmq import RabbitMQBroker, _Batch
-from outbox_core.brokers.webhook import WebhookBroker
+from outbox_core.brokers.rabbitmq import RabbitMQBroker, RabbitMQOptions, _Batch
+from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
 from outbox_core.errors import ConfigurationError
-from outbox_core.message import Event, Outcome, OutcomeKind
+from outbox_core.message import Event, Outcome, OutcomeKind, build_new_event
 from tests.contract.broker_fixtures import (
     SECRET,
     TRACEPARENT,
@@ -206,8 +210,6 @@ def test_mixed_batch_outcomes_line_up_with_events(harness: Harness) -> None:
     outcomes = harness.broker.publish(events)
     assert len(outcomes) == len(events)
     expected = [REJECT if i in (1, 6) else OK for i in range(8)]
-    if harness.name == "webhook":  # same-key events after a failure wait for the next try
-        expected = [OK, REJECT, OK, RETRY, OK, RETRY, REJECT, RETRY]
     assert kinds(outcomes) == expected
     arrived = harness.arrived()
     for event, outcome in zip(events, outcomes, strict=True):
@@ -317,6 +319,70 @@ def test_registry_creates_each_broker(webhook_server: WebhookServer) -> None:
 def test_bad_options_raise_configuration_error(url: str, options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         create_broker(url, **options)
+
+
+def test_brokers_declare_which_errors_mean_unavailable() -> None:
+    """The base maps a broker's declared client errors to ``unavailable``, nothing else."""
+    hook = WebhookBroker.from_url("http://localhost/")
+    down = hook.unavailable_outcome(httpx.ConnectError("refused"))
+    assert down == Outcome.unavailable("webhook unreachable: ConnectError: refused")
+    assert hook.unavailable_outcome(httpx.ReadTimeout("slow")) is None  # sent: the event's
+    hook.close()
+    rabbit = RabbitMQBroker.from_url("amqp://localhost/")
+    lost = rabbit.unavailable_outcome(pika.exceptions.StreamLostError("reset"))
+    assert lost is not None and lost.is_unavailable
+    assert rabbit.unavailable_outcome(ValueError("bad")) is None
+    assert MemoryBroker().unavailable_errors == ()
+
+    def refused(events: Sequence[Event]) -> None:
+        raise ConnectionRefusedError("no route")
+
+    def broken(events: Sequence[Event]) -> None:
+        raise KeyError("bug")
+
+    assert kinds(CallableBroker(refused).publish([make_event()])) == [DOWN]
+    assert kinds(CallableBroker(broken).publish([make_event()])) == [RETRY]
+
+
+def test_broker_options_are_one_frozen_dataclass_each() -> None:
+    rabbit = RabbitMQBroker.from_url(
+        "amqp://localhost/",
+        confirm_timeout="2500ms",
+        envelope="CloudEvents",
+        max_message_size="0",
+        declare_exchange="no",
+    )
+    assert rabbit.options == RabbitMQOptions(
+        confirm_timeout=2.5, envelope="cloudevents", max_message_size=None, declare_exchange=False
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rabbit.options.exchange = "other"  # type: ignore[misc]
+    hook = WebhookBroker.from_url(
+        "http://localhost/", concurrency="4", timeout="2s", headers='{"X-A": "1"}', verify_tls="0"
+    )
+    assert hook.options == WebhookOptions(
+        concurrency=4, timeout=2.0, headers={"X-A": "1"}, verify_tls=False
+    )
+    hook.close()
+    with pytest.raises(ConfigurationError, match=r"known RabbitMQ broker options: .*exchange"):
+        create_broker("amqp://localhost/", exchnage="typo")
+    with pytest.raises(ConfigurationError, match="known webhook broker options: concurrency"):
+        create_broker("http://localhost/", concurency="2")
+
+
+def test_the_amqp_routing_key_limit_is_rabbitmqs_rule() -> None:
+    wide = make_event("order." + "é" * 200)  # 206 characters, 406 bytes
+    build_new_event(wide.topic, {})  # the core takes it: other brokers have no such limit
+    assert kinds(MemoryBroker(MemoryQueue("wide")).publish([wide])) == [OK]
+    broker = RabbitMQBroker.from_url("amqp://localhost/")
+    with pytest.raises(ValueError, match="an AMQP routing key holds at most 255 bytes"):
+        broker.build_message(wide)
+    assert broker.build_message(make_event("order." + "é" * 124)).routing_key  # 254 bytes
+    with pytest.raises(ConfigurationError, match="routing_key is 300 bytes without its fields"):
+        RabbitMQBroker.from_url("amqp://localhost/", routing_key="r" * 300)
+    with pytest.raises(ConfigurationError, match="at most 255 bytes"):
+        RabbitMQBroker.from_url("amqp://localhost/", routing_key="é" * 128 + ".{topic}")
+    RabbitMQBroker.from_url("amqp://localhost/", routing_key="r" * 200 + ".{topic}").close()
 
 
 def test_rabbitmq_url_options() -> None:
@@ -472,10 +538,14 @@ def test_rabbitmq_unencodable_event_is_rejected_alone(rabbit: RabbitState) -> No
     long_topic = make_event("contract." + "x" * 300)
     huge = make_event(payload={"blob": "x" * 2000})
     good = make_event()
-    outcomes = broker.publish([bad, long_topic, huge, good])
+    wide = make_event("contract." + "з" * 200)  # 200 characters, 409 bytes: the core took it
+    outcomes = broker.publish([bad, long_topic, huge, good, wide])
     broker.close()
-    assert kinds(outcomes) == [REJECT, REJECT, REJECT, OK]
+    assert kinds(outcomes) == [REJECT, REJECT, REJECT, OK, REJECT]
     assert "max_message_size" in (outcomes[2].error or "")
+    assert "409 bytes in UTF-8; an AMQP routing key holds at most 255 bytes" in (
+        outcomes[4].error or ""
+    )
     assert [p.message_id for p, _ in rabbit.drain()] == [good.event_id]
 
 
@@ -766,22 +836,18 @@ def test_webhook_requests_run_concurrently_up_to_the_limit(webhook_server: Webho
     assert elapsed < 16 * 0.1 * 0.6  # far from sequential
 
 
-def test_webhook_same_key_in_order_and_stops_after_failure(webhook_server: WebhookServer) -> None:
+def test_webhook_leaves_per_key_order_to_the_relay(webhook_server: WebhookServer) -> None:
+    """Each request stands alone: the relay, not the webhook, sequences a key's events."""
+    assert WebhookBroker.keeps_batch_order is False
     broker = WebhookBroker.from_url(webhook_server.url, secret=SECRET, concurrency=8)
-    webhook_server.default.delay = 0.02
-    a = [make_event(key="A") for _ in range(5)]
+    webhook_server.default.delay = 0.1
     b = [make_event(key="B") for _ in range(5)]
     webhook_server.answer(b[2], 503)
-    events = [e for pair in zip(a, b, strict=True) for e in pair]
-    outcomes = broker.publish(events)
+    outcomes = broker.publish(b)
     broker.close()
-    by_id = {e.event_id: o.kind for e, o in zip(events, outcomes, strict=True)}
-    assert [by_id[e.event_id] for e in a] == [OK] * 5
-    assert [by_id[e.event_id] for e in b] == [OK, OK, RETRY, RETRY, RETRY]
-    order_a = [r.event_id for r in webhook_server.requests if r.event_id in {e.event_id for e in a}]
-    assert order_a == [e.event_id for e in a]
-    sent_b = [r.event_id for r in webhook_server.requests if r.event_id in {e.event_id for e in b}]
-    assert sent_b == [e.event_id for e in b[:3]]  # nothing after the failure
+    assert kinds(outcomes) == [OK, OK, RETRY, OK, OK]
+    assert {r.event_id for r in webhook_server.requests} == {e.event_id for e in b}
+    assert webhook_server.max_in_flight > 1  # one key, yet concurrent
 
 
 def test_webhook_unencodable_event_is_rejected_alone(webhook_server: WebhookServer) -> None:
