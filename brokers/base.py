@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from outbox_core.errors import BrokerError, UnknownBroker
@@ -25,6 +25,11 @@ from outbox_core.message import Event, Outcome
 
 class Broker(ABC):
     """Publishes claimed events somewhere and says what happened to each."""
+
+    #: The broker delivers a batch in the order given (one AMQP channel does); False
+    #: (concurrent requests) makes the relay send a key's next event only after the
+    #: previous one was accepted.
+    keeps_batch_order: ClassVar[bool] = True
 
     @abstractmethod
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
