@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from outbox_core import CycleResult, Outbox, Relay
+from outbox_core.relay import OnCycle
 
 PAYLOAD = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
 
@@ -60,7 +61,7 @@ def run_until_sent(relay: Relay, total: int, timeout: float = 3600.0) -> float:
             done_at = time.perf_counter()
             relay.stop()
 
-    relay.on_cycle = count
+    relay.observers.append(OnCycle(count))
     started = time.perf_counter()
     worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
     worker.start()

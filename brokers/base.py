@@ -33,6 +33,10 @@ class Broker(ABC):
     #: ``unavailable``; anything else raised while publishing is the event's
     #: failure (``retry``).
     unavailable_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: The broker delivers a batch in the order given (one AMQP channel does); False
+    #: (concurrent requests) makes the relay send a key's next event only after the
+    #: previous one was accepted.
+    keeps_batch_order: ClassVar[bool] = True
 
     @abstractmethod
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:

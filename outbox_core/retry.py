@@ -55,3 +55,32 @@ class RetryPolicy:
         if outcome.retry_after is not None:
             delay = max(delay, outcome.retry_after)
         return delay
+
+
+class Backoff:
+    """The waits of a loop that retries: one :class:`RetryPolicy` schedule, jittered.
+
+    ``next()`` is the wait after one more failure in a row (``base``, then
+    doubling up to ``cap``, the upper ``jitter`` fraction randomised so that
+    threads and relays that failed together do not retry together);
+    ``reset()`` starts over after a success. Not thread-safe: one per loop.
+    """
+
+    __slots__ = ("failures", "policy", "rng")
+
+    def __init__(
+        self, base: float, cap: float, *, jitter: float = 0.5, rng: random.Random | None = None
+    ) -> None:
+        self.policy = RetryPolicy(base=base, cap=cap, jitter=jitter)
+        self.rng = rng
+        #: Failures in a row since the last :meth:`reset`.
+        self.failures = 0
+
+    def next(self) -> float:
+        """Seconds to wait after one more failure in a row."""
+        self.failures += 1
+        return self.policy.backoff(self.failures, self.rng)
+
+    def reset(self) -> None:
+        """A success: the next failure waits ``base`` again."""
+        self.failures = 0

@@ -8,8 +8,8 @@ returns into the batch being published.
 
 from __future__ import annotations
 
+import functools
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -22,6 +22,7 @@ import pika.spec
 from pika.adapters.select_connection import IOLoop
 
 from outbox_core.message import Outcome
+from outbox_core.retry import Backoff
 
 log = logging.getLogger("outbox.brokers.rabbitmq")
 
@@ -126,6 +127,11 @@ class ConfirmingConnection:
     _failures: int
     _retry_at: float
     _last_error: str
+
+    @functools.cached_property
+    def _reconnects(self) -> Backoff:
+        """Waits between connection attempts: 0.5 s doubling up to ``reconnect_max``."""
+        return Backoff(0.5, self.reconnect_max)
 
     def _on_confirm(self, frame: Any) -> None:
         batch = self._batch
@@ -275,8 +281,7 @@ class ConfirmingConnection:
                 message = f"connecting to {self.display} failed: {_describe(exc)}"
             self._teardown()
             self._failures += 1
-            ceiling = min(self.reconnect_max, 0.5 * 2 ** min(self._failures - 1, 16))
-            delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+            delay = self._reconnects.next()
             self._retry_at = time.monotonic() + delay
             self._last_error = message
             # Once per outage: the relay reports the outage and its end.
@@ -291,6 +296,7 @@ class ConfirmingConnection:
         if self._failures:
             log.info("%s: connected after %d failed attempts", self.display, self._failures)
         self._failures = 0
+        self._reconnects.reset()
         self._retry_at = 0.0
 
     def _step(self, what: str, start: Callable[[Callable[..., None]], None]) -> None:

@@ -31,6 +31,7 @@ from outbox_core import (
 )
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import Event, Failure
+from outbox_core.relay import OnCycle
 from outbox_core.schema import detached_index, obsolete_indexes
 from tests.conftest import async_url
 from tests.support import set_lock_timeout
@@ -806,7 +807,7 @@ def test_run_drains_every_event_once_with_claims_in_flight(outbox: Outbox, order
         if sent >= 1500:
             relay.stop()
 
-    relay.on_cycle = count
+    relay.observers.append(OnCycle(count))
     worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
     worker.start()
     worker.join(120)
@@ -826,7 +827,8 @@ def test_stopping_gives_back_the_claims_in_flight(outbox: Outbox) -> None:
         outbox.enqueue_many(conn, [{"topic": "t", "payload": i} for i in range(3000)])
     queue = MemoryQueue(f"stop-{outbox.table.name}")
     relay = outbox.relay(MemoryBroker(queue), batch_size=100, reap_interval=0, cleanup_after=0)
-    relay.on_cycle = lambda result: relay.stop()  # stop after the first settled batch
+    # Stop after the first settled batch.
+    relay.observers.append(OnCycle(lambda result: relay.stop()))
     worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
     worker.start()
     worker.join(60)

@@ -1,0 +1,99 @@
+"""Publishing a claimed batch; the relay owns per-key sequencing for every broker.
+
+A key's next event goes out only after its previous one was accepted where
+the claim holds runs of a key (ordered, ``run_length > 1``) or where the
+broker does not keep a batch's order (:attr:`Broker.keeps_batch_order` is
+False: concurrent requests) and the batch holds two events of one key
+(docs/design.md, Broker outcomes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from outbox_core import tracing
+from outbox_core.brokers.base import Broker
+from outbox_core.message import Event, Outcome
+
+log = logging.getLogger("outbox.relay")
+
+
+class Delivery:
+    """Publishes batches through the broker (with producer spans when tracing is on)."""
+
+    def __init__(self, broker: Broker, *, runs: bool) -> None:
+        self.broker = broker
+        #: Producer spans per event when opentelemetry is installed.
+        self.tracer = tracing.tracer_for(broker)
+        #: Every batch goes in waves: the claim holds runs of a key.
+        self.always_waves = runs
+        #: A batch holding two events of one key goes in waves: the broker may reorder it.
+        self.waves_for_repeats = not broker.keeps_batch_order
+
+    def deliver(self, events: Sequence[Event]) -> Sequence[Outcome | None]:
+        """Publish a batch: one outcome per event, ``None`` for one not published.
+
+        Sent in waves when needed (see the module): wave n holds the n-th
+        event of every key (keyless events go in the first), and a key's next
+        event is sent only once its previous one was accepted. The events
+        after a key's first failure are not published (``None``): the relay
+        gives them back without spending an attempt. An ``unavailable``
+        outcome stops the waves: the later ones go back with the rest.
+        """
+        if self.always_waves or (self.waves_for_repeats and repeats_a_key(events)):
+            return self._waves(events)
+        return self.publish(events)
+
+    def _waves(self, events: Sequence[Event]) -> list[Outcome | None]:
+        runs: dict[str, list[int]] = {}
+        wave: list[int] = []
+        for index, event in enumerate(events):
+            if event.key is None:
+                wave.append(index)
+            else:
+                runs.setdefault(event.key, []).append(index)
+        wave.extend(indexes[0] for indexes in runs.values())
+        outcomes: list[Outcome | None] = [None] * len(events)
+        depth = 0
+        while wave:
+            wave.sort()
+            for index, outcome in zip(wave, self.publish([events[i] for i in wave]), strict=True):
+                outcomes[index] = outcome
+            depth += 1
+            if any(o is not None and o.is_unavailable for o in outcomes):
+                break  # the broker is down: the later waves go back with the rest
+            wave = [
+                indexes[depth]
+                for indexes in runs.values()
+                if len(indexes) > depth and (done := outcomes[indexes[depth - 1]]) and done.is_ok
+            ]
+        return outcomes
+
+    def publish(self, events: Sequence[Event]) -> list[Outcome]:
+        """Publish ``events`` as one batch; no transaction is open here.
+
+        A broker that raises, or answers with the wrong number of outcomes,
+        confirmed nothing: every event is retried.
+        """
+        finish: tracing.Finish | None = None
+        if self.tracer is not None:
+            events, finish = self.tracer.start(events)
+        try:
+            outcomes = list(self.broker.publish(events))
+        except Exception as exc:  # a broker must not raise; if it does, nothing is confirmed
+            log.exception("broker raised while publishing %d events", len(events))
+            outcomes = [Outcome.retry(f"broker error: {type(exc).__name__}: {exc}")] * len(events)
+        if len(outcomes) != len(events):
+            error = f"broker returned {len(outcomes)} outcomes for {len(events)} events"
+            log.error(error)
+            outcomes = [Outcome.retry(error)] * len(events)
+        if finish is not None:
+            finish(outcomes)
+        return outcomes
+
+
+def repeats_a_key(events: Sequence[Event]) -> bool:
+    """The batch holds two events of one key."""
+    keys = [e.key for e in events if e.key is not None]
+    return len(set(keys)) < len(keys)

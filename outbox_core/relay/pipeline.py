@@ -1,0 +1,156 @@
+"""The loop of ``Relay.run()``: prefetched claims, overlapping settles, adaptive polling.
+
+After a full batch the next claims (up to :attr:`Relay.claim_depth`) are
+submitted before publishing, so claiming batches N+1 (and N+2) and settling
+batch N-1 overlap with publishing batch N, each on its own connection. At
+most one settle waits behind the running one; in ordered mode a claim first
+waits for the last settle, so it sees the heads that settle freed. While the
+broker is down nothing is claimed (prefetched batches are given back) and the
+broker is probed with backoff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from outbox_core.errors import DatabaseError
+from outbox_core.message import CycleResult
+from outbox_core.relay.leases import Claim
+from outbox_core.retry import Backoff
+
+if TYPE_CHECKING:
+    from outbox_core.relay.facade import Relay
+
+log = logging.getLogger("outbox.relay")
+
+#: First and longest wait before claiming again after a failed claim.
+ERROR_FIRST = 0.5
+ERROR_MAX = 30.0
+
+
+class Pipeline:
+    """One ``run()``: claims run on ``db``, settles on ``settler``."""
+
+    def __init__(self, relay: Relay, db: ThreadPoolExecutor, settler: ThreadPoolExecutor) -> None:
+        self.relay = relay
+        self.db = db
+        self.settler = settler
+        self.deliver = relay.delivery.deliver
+        self.prefetched: deque[Future[Claim]] = deque()
+        self.settling: Future[None] | None = None
+        settings = relay.settings
+        self.poll = settings.poll_interval
+        # Idle polling: poll_interval, then doubling up to max_poll_interval.
+        self.idle = self.poll
+        self.polling = Backoff(2 * self.poll, settings.max_poll_interval, jitter=0.2)
+        self.errors = Backoff(ERROR_FIRST, ERROR_MAX, jitter=0.2)
+
+    def run(self) -> None:
+        """Claim, publish and settle until the relay is stopped; give back what is left."""
+        relay = self.relay
+        stop = relay._stop
+        breaker = relay.breaker
+        while not stop.is_set():
+            if not breaker.ready():
+                self.give_back()
+                stop.wait(breaker.until_probe())
+                continue
+            was_prefetched = bool(self.prefetched)
+            claim = self._take(was_prefetched)
+            if claim is None:
+                continue
+            result = CycleResult(claimed=len(claim.events))
+            if claim.events and relay.leases.stale(claim):
+                # A prefetched batch waited while the one before it was published.
+                claim = self.db.submit(relay.leases.revalidate, claim).result()
+                if not claim.events:
+                    relay.leases.forget(claim.token)
+                    self._finish(dataclasses.replace(result, lease_lost=claim.lost))
+                    continue
+            if not claim.events:
+                self._idle(result, was_prefetched)
+                continue
+            self.idle = self.poll
+            self.polling.reset()
+            self._publish(claim, result)
+        self.give_back()
+
+    def _take(self, was_prefetched: bool) -> Claim | None:
+        """The next claim (prefetched, or claimed now); ``None`` after a database error."""
+        relay = self.relay
+        if not was_prefetched and relay.settings.ordered:
+            self._settled()
+        try:
+            future = self.prefetched.popleft() if was_prefetched else self.db.submit(relay._claim)
+            claim = future.result()
+        except DatabaseError as exc:
+            wait = self.errors.next()
+            log.error("%s; retrying in %.1fs", exc, wait)
+            relay._stop.wait(wait)
+            return None
+        self.errors.reset()
+        return claim
+
+    def _idle(self, result: CycleResult, was_prefetched: bool) -> None:
+        """Nothing claimed: claim again at once, or wait for a wake-up or the poll interval."""
+        relay = self.relay
+        self._finish(result)
+        if was_prefetched and (relay.settings.ordered or self.prefetched):
+            # Ordered: the prefetch ran while the batch before it was in
+            # flight, holding its keys' heads; claim again now that it is
+            # settled. Unordered: another claim is still in flight.
+            return
+        # Adaptive polling: back off while idle. A wake-up may come just
+        # before the producer's commit is visible: look again shortly.
+        if relay._wake.wait(self.idle):
+            self.idle = min(0.005, self.poll)
+            self.polling.reset()
+        else:
+            self.idle = self.polling.next()
+        relay._wake.clear()
+
+    def _publish(self, claim: Claim, result: CycleResult) -> None:
+        """Prefetch after a full batch, publish this one, hand it to the settle thread."""
+        relay = self.relay
+        if len(claim.events) >= relay.batch_size and not relay._stop.is_set():
+            # A full batch: there is probably more.
+            while len(self.prefetched) < relay.claim_depth:
+                self.prefetched.append(self.db.submit(relay._claim))
+        try:
+            outcomes = self.deliver(claim.events)
+        except (KeyboardInterrupt, SystemExit):
+            # Interrupted mid-publish (second signal): give the claims back now.
+            self.db.submit(relay._release, claim.events, claim.token).result()
+            self.give_back()
+            raise
+        relay.breaker.note(outcomes)
+        # Submit before waiting on the previous settle: an interrupt while
+        # waiting still leaves this batch queued (the executor drains it).
+        previous = self.settling
+        self.settling = self.settler.submit(relay._settle_quietly, claim, outcomes, result)
+        if previous is not None:
+            previous.result()  # at most one settle queued behind the running one
+
+    def _settled(self) -> None:
+        if self.settling is not None:
+            self.settling.result()  # _settle_quietly never raises
+
+    def _finish(self, result: CycleResult) -> None:
+        self.db.submit(self.relay._finish_quietly, result).result()
+
+    def give_back(self) -> None:
+        """Release the prefetched claims (stopping, or the broker is down)."""
+        while self.prefetched:
+            self._release(self.prefetched.popleft())
+
+    def _release(self, future: Future[Claim]) -> None:
+        try:
+            taken = future.result()
+        except DatabaseError:
+            return
+        if taken.events:
+            self.db.submit(self.relay._release, taken.events, taken.token).result()

@@ -1,0 +1,156 @@
+"""Settling a published batch: decide what to write (pure), then write it, fenced by token.
+
+:func:`classify` turns a claim and its outcomes into a :class:`SettlePlan`
+without any I/O; :func:`write` applies the plan through the dialect in the
+settle transaction; :func:`summarize` turns what was written into the
+cycle's result. Events not published, or not taken because the broker was
+unavailable, are released: pending again at once, their attempt not spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
+
+from outbox_core.dialects.base import Dialect
+from outbox_core.errors import translate_errors
+from outbox_core.message import CycleResult, Event, Failure, Outcome
+from outbox_core.relay.leases import Claim
+from outbox_core.retry import RetryPolicy
+
+log = logging.getLogger("outbox.relay")
+
+
+@dataclass(slots=True)
+class SettlePlan:
+    """What settling one batch writes (from :func:`classify`)."""
+
+    token: str
+    #: Ids the broker took: marked sent.
+    sent: list[int]
+    #: Retried or dead events: marked failed.
+    failures: list[Failure]
+    #: The events of ``failures``, in the same order (for the log).
+    failed: list[Event]
+    #: Ids not published or refused as unavailable: released, no attempt spent.
+    released: list[int]
+    #: How many of ``released`` the broker reported ``unavailable``.
+    unavailable: int
+    #: Events dropped before publishing because their lease was lost.
+    lost: int
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Rows each settling write changed (fewer than planned: the lease was lost)."""
+
+    sent: int
+    failed: int
+    released: int
+
+
+def classify(
+    claim: Claim,
+    outcomes: Sequence[Outcome | None],
+    retry: RetryPolicy,
+    rng: random.Random | None = None,
+) -> SettlePlan:
+    """Sort a batch's events by outcome; a failure's next try comes from ``retry``. No I/O."""
+    sent: list[int] = []
+    failures: list[Failure] = []
+    failed: list[Event] = []
+    released: list[int] = []
+    unavailable = 0
+    for event, outcome in zip(claim.events, outcomes, strict=True):
+        if outcome is None or outcome.is_unavailable:
+            released.append(event.id)
+            unavailable += outcome is not None
+        elif outcome.is_ok:
+            sent.append(event.id)
+        else:
+            error = outcome.error or outcome.kind.value
+            failures.append(Failure(event.id, error, retry.next_try(event.attempts, outcome, rng)))
+            failed.append(event)
+    return SettlePlan(claim.token, sent, failures, failed, released, unavailable, claim.lost)
+
+
+def log_failures(plan: SettlePlan) -> None:
+    """One line per failed event: retried (warning) or dead (error)."""
+    for event, failure in zip(plan.failed, plan.failures, strict=True):
+        log.log(
+            logging.ERROR if failure.retry_in is None else logging.WARNING,
+            "event %s (%s) %s: %s",
+            event.event_id,
+            event.topic,
+            "is dead" if failure.retry_in is None else f"retries in {failure.retry_in:.1f}s",
+            failure.error,
+            extra={"event_id": event.event_id, "topic": event.topic, "token": plan.token},
+        )
+
+
+def write(conn: Connection, dialect: Dialect, plan: SettlePlan, *, delete: bool) -> Written:
+    """Tx 2: mark sent / failed and release, every write fenced by the plan's token."""
+    token = plan.token
+    with translate_errors("mark_sent"):
+        sent = dialect.mark_sent(conn, plan.sent, token=token, delete=delete)
+    if sent < len(plan.sent):
+        # Delivered, but re-claimed first: that attempt was no failure.
+        with translate_errors("forgive"):
+            dialect.forgive(conn, plan.sent)
+    with translate_errors("mark_failed"):
+        failed = dialect.mark_failed(conn, plan.failures, token=token)
+    released = 0
+    if plan.released:
+        with translate_errors("release"):
+            released = dialect.release(conn, plan.released, token=token)
+    return Written(sent, failed, released)
+
+
+def lost(plan: SettlePlan, written: Written) -> int:
+    """Events whose lease was lost: dropped before publishing or fenced out when settling."""
+    return (len(plan.sent) - written.sent) + (len(plan.failures) - written.failed) + plan.lost
+
+
+def published(
+    events: Sequence[Event], outcomes: Sequence[Outcome | None]
+) -> tuple[list[Event], list[Outcome]]:
+    """The events the broker answered for (neither unpublished nor unavailable), and answers."""
+    pairs = [
+        (e, o)
+        for e, o in zip(events, outcomes, strict=True)
+        if o is not None and not o.is_unavailable
+    ]
+    return [e for e, _ in pairs], [o for _, o in pairs]
+
+
+def summarize(plan: SettlePlan, written: Written, result: CycleResult) -> CycleResult:
+    """The cycle's result once the batch is settled (logging a lease lost)."""
+    lease_lost = lost(plan, written)
+    if lease_lost:
+        log.warning(
+            "lease lost on %d events (re-claimed by another relay before settling)",
+            lease_lost,
+            extra={"token": plan.token, "count": lease_lost},
+        )
+    log.debug(
+        "published %d, failed %d",
+        written.sent,
+        len(plan.failures),
+        extra={"token": plan.token, "count": written.sent},
+    )
+    dead = sum(1 for f in plan.failures if f.retry_in is None)
+    return dataclasses.replace(
+        result,
+        sent=written.sent,
+        retried=len(plan.failures) - dead,
+        dead=dead,
+        lease_lost=lease_lost,
+        released=written.released,
+        unavailable=plan.unavailable,
+        errors=tuple(f.error for f in plan.failures[:10]),
+    )
