@@ -28,16 +28,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import State
 from outbox_core.verify import sink
-
-if TYPE_CHECKING:
-    from outbox_core.verify import Context
+from outbox_core.verify.harness import Context, RollBack, expect
+from outbox_core.verify.model import Failed, Skip
 
 #: Lease of the relay processes: a killed relay's events come back this soon.
 LEASE = "2s"
@@ -150,8 +148,6 @@ def relays_survive_sigkill(ctx: Context) -> str:
     RCSI), the relays run unordered: loss and rolled-back events are still
     checked, key order is not (the detail says why).
     """
-    from outbox_core.verify import Skip
-
     if not hasattr(signal, "SIGKILL"):
         raise Skip("this platform has no SIGKILL")
     url = ctx.outbox.url
@@ -222,8 +218,6 @@ class _Run:
 
     def go(self) -> None:
         """Produce, kill and restart relays, wait for the drain; every process is gone after."""
-        from outbox_core.verify import Failed
-
         produced, stop = threading.Event(), threading.Event()
         errors: list[BaseException] = []
         producer = threading.Thread(
@@ -276,8 +270,6 @@ class _Run:
 
     def judge(self, unordered_because: str | None) -> str:
         """The verdict on what the sink recorded and what the table holds; the run's summary."""
-        from outbox_core.verify import expect
-
         records, committed, rolled_back = self.records, self.committed, self.rolled_back
         first: set[str] = set()
         last: dict[str, int] = {}
@@ -333,8 +325,6 @@ def _produce(
     errors: list[BaseException],
 ) -> None:
     """Commit ``size.events`` events over ``size.seconds``, every tenth transaction rolled back."""
-    from outbox_core.verify import _RollBack
-
     seq: dict[str, int] = {}
     per_tx = 10
     pause = size.seconds / max(size.events / per_tx, 1)
@@ -352,8 +342,8 @@ def _produce(
                         if not roll_back:
                             seq[key] = n + 1
                     if roll_back:
-                        raise _RollBack
-            except _RollBack:
+                        raise RollBack
+            except RollBack:
                 rolled_back.update(e for e, _, _ in batch)
                 continue
             for event_id, key, n in batch:

@@ -29,3 +29,19 @@ def test_demo_holds_every_guarantee() -> None:
     assert "per-key order violations             0" in result.output
     assert "killed mid-batch" in result.output
     assert "OK: every guarantee held" in result.output
+
+
+def test_every_database_command_takes_the_same_database_options() -> None:
+    """The options are declared once; doctor takes them like install, status and relay."""
+    shared = ["database_url", "table", "schema", "dialect", "config_file"]
+
+    def options(name: str) -> list[tuple[str, tuple[str, ...], str | None]]:
+        command = main.commands[name]
+        return [(p.name or "", tuple(p.opts), getattr(p, "help", None)) for p in command.params][
+            : len(shared)
+        ]
+
+    expected = options("install")
+    assert [name for name, _, _ in expected] == shared
+    for name in ("doctor", "status", "cleanup", "replay", "relay"):
+        assert options(name) == expected, name

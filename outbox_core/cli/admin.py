@@ -1,0 +1,122 @@
+"""Commands that administer the outbox table: install, schema, status, cleanup, replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import click
+
+from outbox_core.cli.options import (
+    DIALECT_NAMES,
+    db_options,
+    handle_errors,
+    open_outbox,
+    probe_broker,
+    settings_from,
+)
+from outbox_core.cli.render import render_status
+from outbox_core.config import mask_url, parse_duration
+from outbox_core.schema import OutboxTables
+
+
+@click.command()
+@db_options
+@handle_errors
+def install(config_file: str | None, **values: Any) -> None:
+    """Create the outbox tables if they are missing (idempotent)."""
+    outbox = open_outbox(settings_from(config_file, **values))
+    outbox.install()
+    click.echo(
+        f"outbox table {outbox.table.fullname!r} ready on "
+        f"{mask_url(outbox.url.render_as_string(hide_password=False))}"
+    )
+
+
+@click.command()
+@click.option("--dialect", type=click.Choice(DIALECT_NAMES), required=True)
+@click.option("--table", default="outbox", show_default=True)
+@click.option("--schema", "schema", default=None)
+@handle_errors
+def schema(dialect: str, table: str, schema: str | None) -> None:
+    """Print the DDL for a dialect without connecting."""
+    click.echo(OutboxTables.create(table, schema).ddl(dialect), nl=False)
+
+
+@click.command()
+@db_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
+@click.option(
+    "--broker",
+    "broker_url",
+    help="Also probe this broker (up or down, and why) [env OUTBOX_BROKER_URL].",
+)
+@handle_errors
+def status(config_file: str | None, as_json: bool, watch: float | None, **values: Any) -> None:
+    """Counts per state, oldest pending age, rates, dead events per topic, the broker."""
+    settings = settings_from(config_file, **values)
+    outbox = open_outbox(settings)
+    try:
+        while True:
+            result = outbox.status()
+            if settings.broker_url:
+                result = dataclasses.replace(result, broker=probe_broker(settings.broker_url))
+            text = json.dumps(result.as_dict()) if as_json else render_status(result)
+            if watch is None:
+                click.echo(text)
+                return
+            if not as_json:
+                click.clear()
+            click.echo(text)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return  # ^C ends --watch, wherever it lands
+
+
+@click.command()
+@db_options
+@click.option("--older-than", default="7d", show_default=True, help="Age of sent rows to remove.")
+@click.option("--inbox-older-than", help="Also remove inbox records processed longer ago, e.g. 2d.")
+@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 4000))
+@handle_errors
+def cleanup(
+    config_file: str | None,
+    older_than: str,
+    inbox_older_than: str | None,
+    batch: int,
+    **values: Any,
+) -> None:
+    """Delete sent events (and old inbox records) in batches; never unsent or dead rows."""
+    outbox = open_outbox(settings_from(config_file, **values))
+    removed = outbox.cleanup(older_than=parse_duration(older_than, "--older-than"), batch=batch)
+    click.echo(f"removed {removed} sent events older than {older_than}")
+    if inbox_older_than:
+        from outbox_core.inbox import cleanup_inbox
+
+        age = parse_duration(inbox_older_than, "--inbox-older-than")
+        removed = cleanup_inbox(outbox, age, batch)
+        click.echo(f"removed {removed} inbox records older than {inbox_older_than}")
+
+
+@click.command()
+@db_options
+@click.option("--id", "ids", type=int, multiple=True, help="Event row id (repeatable).")
+@click.option("--topic", help="Every dead event of this topic.")
+@click.option("--key", help="Every dead event of this key.")
+@click.option("--all", "all_dead", is_flag=True, help="Every dead event.")
+@handle_errors
+def replay(
+    config_file: str | None,
+    ids: tuple[int, ...],
+    topic: str | None,
+    key: str | None,
+    all_dead: bool,
+    **values: Any,
+) -> None:
+    """Return dead events to pending, attempts reset."""
+    outbox = open_outbox(settings_from(config_file, **values))
+    n = outbox.replay(ids=list(ids) or None, topic=topic, key=key, all=all_dead)
+    click.echo(f"replayed {n} dead events")

@@ -1,0 +1,59 @@
+"""Logging of the ``outbox`` command: stderr, text or JSON lines, passwords masked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from outbox_core.config import redact
+
+
+class RedactingFilter(logging.Filter):
+    """Masks ``scheme://user:password@`` in every log record, whoever logged it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record's message with passwords masked."""
+        message = record.getMessage()
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the record's ``extra`` fields."""
+
+    _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as JSON."""
+        data: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in self._STANDARD:
+                data[key] = value
+        if record.exc_info:
+            data["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(data, default=str)
+
+
+def setup_logging(verbose: int, json_logs: bool) -> None:
+    """Log to stderr, passwords masked."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter())
+    handler.setFormatter(
+        JsonFormatter()
+        if json_logs
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("outbox").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)

@@ -1,0 +1,90 @@
+"""What the ``outbox`` commands share: the database options, settings, the outbox, errors.
+
+The database options are declared here once (:func:`db_options`); every
+command that works on the outbox table takes them, ``doctor`` included.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from outbox_core.brokers.base import create_broker
+from outbox_core.config import Settings, load_settings, mask_url, redact
+from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.outbox import Outbox
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Values of ``--dialect``.
+DIALECT_NAMES = ["postgresql", "mysql", "mssql", "sqlite"]
+
+
+def handle_errors(func: F) -> F:
+    """Print toolkit errors as one clear line (exit 2) instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OutboxError as exc:
+            click.echo(f"error: {redact(str(exc))}", err=True)
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def db_options(func: F) -> F:
+    """The options every database command shares."""
+    options = [
+        click.option("--db", "database_url", help="Database URL [env OUTBOX_DATABASE_URL]."),
+        click.option("--table", help="Outbox table name [default: outbox]."),
+        click.option("--schema", "schema", help="Database schema of the table."),
+        click.option(
+            "--dialect", type=click.Choice(DIALECT_NAMES), help="Override the dialect of the URL."
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(dir_okay=False),
+            help="TOML settings file [default: ./outbox.toml].",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def settings_from(config_file: str | None, **values: Any) -> Settings:
+    """The settings: these option values over ``OUTBOX_*`` over the TOML file."""
+    return load_settings(values, config_file=config_file)
+
+
+def open_outbox(settings: Settings) -> Outbox:
+    """The outbox the settings name (refused, with the fix, when there is no database URL)."""
+    if not settings.database_url:
+        raise ConfigurationError(
+            "no database URL: pass --db, set OUTBOX_DATABASE_URL, or database_url in outbox.toml"
+        )
+    return Outbox(
+        settings.database_url,
+        table=settings.table,
+        schema=settings.schema,
+        dialect=settings.dialect,
+        block_on_dead=settings.block_on_dead,
+        notify=settings.notify,
+    )
+
+
+def probe_broker(url: str) -> dict[str, Any]:
+    """Whether the broker answers (connecting only: nothing is published)."""
+    broker = create_broker(url)
+    try:
+        problem = broker.probe()
+    finally:
+        broker.close()
+    return {"url": mask_url(url), "up": problem is None, "error": problem}

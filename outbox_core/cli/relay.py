@@ -1,0 +1,107 @@
+"""``outbox relay``: publish events to the broker until SIGTERM (or one cycle with --once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import click
+
+from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
+from outbox_core.config import mask_url
+from outbox_core.errors import ConfigurationError
+
+
+@click.command()
+@db_options
+@click.option("--broker", "broker_url", help="Broker URL [env OUTBOX_BROKER_URL].")
+@click.option(
+    "--broker-option",
+    "broker_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Broker option, repeatable (e.g. exchange=events).",
+)
+@click.option("--batch-size", type=int)
+@click.option("--lease", help="Lease per claim, e.g. 30s.")
+@click.option("--poll-interval", help="Idle poll interval, e.g. 200ms.")
+@click.option("--max-poll-interval", help="Longest idle poll interval, e.g. 5s.")
+@click.option("--max-attempts", type=int)
+@click.option("--ordered/--unordered", default=None, help="Per-key order (head of key).")
+@click.option(
+    "--run-length", type=int, help="Ordered: consecutive events of a key per claim [default: 1]."
+)
+@click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
+@click.option("--delete-on-send", is_flag=True, default=None)
+@click.option("--cleanup-after", help="Remove sent rows older than this, e.g. 7d (0: never).")
+@click.option("--notify/--no-notify", default=None, help="PostgreSQL LISTEN/NOTIFY wake-ups.")
+@click.option("--metrics-port", type=int, help="Serve /metrics and /healthz on this port.")
+@click.option("--once", is_flag=True, help="Run one cycle and exit.")
+@click.option("--name", help="Relay name used in lease tokens and logs.")
+@handle_errors
+def relay(
+    config_file: str | None,
+    broker_options: tuple[str, ...],
+    metrics_port: int | None,
+    once: bool,
+    name: str | None,
+    **values: Any,
+) -> None:
+    """Publish events to the broker until SIGTERM (exit 0 after the batch in flight)."""
+    settings = settings_from(config_file, **values)
+    if not settings.broker_url:
+        raise ConfigurationError(
+            "no broker URL: pass --broker, set OUTBOX_BROKER_URL, or broker_url in outbox.toml"
+        )
+    options = parse_broker_options(broker_options)
+    outbox = open_outbox(settings)
+    logging.getLogger("outbox.relay").info(
+        "relaying %s -> %s",
+        mask_url(outbox.url.render_as_string(hide_password=False)),
+        mask_url(settings.broker_url),
+    )
+    # The broker's URL and options first (a mistake there needs no database),
+    # then the database and the table; the broker connects on its first batch.
+    relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
+    try:
+        outbox.check(ordered=settings.ordered)
+    except BaseException:
+        relay.close()
+        raise
+    server = None
+    if metrics_port is not None:
+        from outbox_core.metrics import MetricsServer
+
+        try:
+            server = MetricsServer(outbox, relay, metrics_port).start()
+        except OSError as exc:
+            relay.close()
+            raise ConfigurationError(
+                f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror or exc}); "
+                "another relay or program has it: pick another port"
+            ) from None
+    try:
+        if once:
+            result = relay.run_once()
+            relay.close()
+            click.echo(
+                json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "errors"})
+            )
+            return
+        relay.run()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def parse_broker_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--broker-option KEY=VALUE`` pairs as keyword arguments of the broker."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"--broker-option takes KEY=VALUE, got {item!r}")
+        options[key.replace("-", "_")] = value
+    return options

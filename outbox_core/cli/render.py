@@ -1,0 +1,87 @@
+"""What the commands print beyond one line: the status table, a broker probe, migrate's progress."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from outbox_core.outbox import Status
+
+
+def format_age(seconds: float | None) -> str:
+    """An age in the unit that reads best (``-`` for none)."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def broker_line(probe: dict[str, Any]) -> str:
+    """One line on a broker probe (:func:`~outbox_core.cli.options.probe_broker`)."""
+    state = "up" if probe["up"] else f"DOWN: {probe['error']}"
+    return f"broker {probe['url']}: {state}"
+
+
+def render_status(status: Status) -> str:
+    """The status as a readable table."""
+    lines = ["state     events"]
+    lines += [f"{state:<9} {n:>6}" for state, n in status.counts.items()]
+    lines.append(f"oldest pending: {format_age(status.oldest_pending_age)}")
+    lines.append(
+        f"last minute: {status.created_last_minute} in, {status.sent_last_minute} out"
+        f" ({status.created_last_minute / 60:.1f}/s in, {status.sent_last_minute / 60:.1f}/s out)"
+    )
+    lines.append(f"last sent: {format_age(status.last_sent_age)} ago")
+    if status.broker is not None:
+        lines.append(broker_line(status.broker))
+    if status.dead:
+        lines.append("")
+        lines.append("dead events by topic:")
+        for d in status.dead:
+            error = (d.last_error or "").splitlines()[0][:100] if d.last_error else ""
+            lines.append(f"  {d.topic:<30} {d.count:>6}  last error: {error}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """A progress bar on a terminal, else a plain line at most every 2 seconds (stderr)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.shown = 0
+        self.last_line = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        """Show that ``done`` of ``total`` events are copied."""
+        if self.tty:
+            if self.bar is None:
+                self.bar = click.progressbar(
+                    length=max(total, 1), label="migrating", file=sys.stderr, show_pos=True
+                )
+                self.bar.__enter__()
+            self.bar.update(done - self.shown)
+            self.shown = done
+            return
+        now = time.monotonic()
+        if done and (now - self.last_line >= 2 or done >= total):
+            rate = done / max(now - self.started, 1e-9)
+            percent = 100 * done / max(total, 1)
+            click.echo(
+                f"migrate: {done}/{total} events ({percent:.0f}%), {rate:,.0f} events/s",
+                err=True,
+            )
+            self.last_line = now
+
+    def close(self) -> None:
+        """End the bar (a no-op without one)."""
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
