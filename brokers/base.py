@@ -13,15 +13,14 @@ the broker answers (docs/design.md, Liveness).
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
-from outbox_core.errors import BrokerError, ConfigurationError, UnknownBroker
+from outbox_core.errors import BrokerError, UnknownBroker
 from outbox_core.message import Event, Outcome
+from outbox_core.plugins import PluginBroken, PluginImportFailed, PluginNotFound, PluginRegistry
 
 
 class Broker(ABC):
@@ -96,8 +95,8 @@ ENTRY_POINT_GROUP: Final = "outbox_core.brokers"
 
 _EXTRAS = {"amqp": "rabbitmq", "amqps": "rabbitmq", "http": "webhook", "https": "webhook"}
 
-#: Scheme -> "module:Class" added by :func:`register_broker`.
-_REGISTERED: dict[str, str] = {}
+#: Built-ins, :func:`register_broker`'s classes and installed plug-ins.
+PLUGINS = PluginRegistry("broker", ENTRY_POINT_GROUP, REGISTRY)
 
 
 def register_broker(scheme: str, target: str) -> None:
@@ -108,25 +107,12 @@ def register_broker(scheme: str, target: str) -> None:
     scheme cannot be replaced.
     """
     name = scheme.lower().removesuffix("://")
-    module_name, sep, cls_name = target.partition(":")
-    if not sep or not module_name or not cls_name:
-        raise ConfigurationError(f"broker class must be 'package.module:Class', got {target!r}")
-    if name in REGISTRY and REGISTRY[name] != target:
-        raise ConfigurationError(f"{name}:// is a built-in broker and cannot be replaced")
-    _REGISTERED[name] = target
-
-
-def _plugins() -> dict[str, EntryPoint]:
-    """Installed packages' brokers, read from their metadata when asked (never at import)."""
-    found: dict[str, EntryPoint] = {}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(entry.name.lower(), entry)
-    return found
+    PLUGINS.register(name, target, shown=f"{name}://")
 
 
 def known_schemes() -> list[str]:
     """URL schemes :func:`create_broker` accepts: built-in, registered and installed plug-ins."""
-    return sorted(set(REGISTRY) | set(_REGISTERED) | set(_plugins()))
+    return PLUGINS.known()
 
 
 def create_broker(url: str, **options: Any) -> Broker:
@@ -142,40 +128,23 @@ def create_broker(url: str, **options: Any) -> Broker:
 
 
 def _broker_class(scheme: str, url: str) -> type[Broker]:
-    target = REGISTRY.get(scheme) or _REGISTERED.get(scheme)
-    if target is not None:
-        module_name, _, cls_name = target.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            extra = _EXTRAS.get(scheme)
-            hint = f"; install it with: pip install 'outbox-toolkit[{extra}]'" if extra else ""
-            raise BrokerError(
-                f"the {scheme}:// broker needs a missing package ({exc}){hint}"
-            ) from exc
-        loaded: object = getattr(module, cls_name, None)
-        where = target
-    else:
-        entry = _plugins().get(scheme) if scheme else None
-        if entry is None:
-            shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
-            raise UnknownBroker(
-                f"unknown broker URL scheme {shown}; supported: "
-                + ", ".join(f"{s}://" for s in known_schemes())
-                + f" (a package adds one under the entry-point group {ENTRY_POINT_GROUP})"
-            )
-        where = f"{entry.value} (entry point of {_distribution(entry)})"
-        try:
-            loaded = entry.load()
-        except Exception as exc:  # a broken plug-in: say which one
-            raise BrokerError(
-                f"the {scheme}:// broker {where} cannot be loaded: {type(exc).__name__}: {exc}"
-            ) from exc
+    try:
+        loaded, where = PLUGINS.resolve(scheme)
+    except PluginImportFailed as exc:
+        extra = _EXTRAS.get(scheme)
+        hint = f"; install it with: pip install 'outbox-toolkit[{extra}]'" if extra else ""
+        raise BrokerError(
+            f"the {scheme}:// broker needs a missing package ({exc.cause}){hint}"
+        ) from exc
+    except PluginNotFound:
+        shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
+        raise UnknownBroker(
+            f"unknown broker URL scheme {shown}; supported: "
+            + ", ".join(f"{s}://" for s in known_schemes())
+            + f" (a package adds one under the entry-point group {ENTRY_POINT_GROUP})"
+        ) from None
+    except PluginBroken as exc:
+        raise BrokerError(f"the {scheme}:// broker {exc.where} cannot be loaded: {exc}") from exc
     if not (isinstance(loaded, type) and issubclass(loaded, Broker)):
         raise BrokerError(f"the {scheme}:// broker {where} is not a Broker subclass")
     return loaded
-
-
-def _distribution(entry: EntryPoint) -> str:
-    dist = getattr(entry, "dist", None)
-    return f"{dist.name} {dist.version}" if dist is not None else "an installed package"

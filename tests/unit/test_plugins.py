@@ -155,8 +155,8 @@ def test_a_dotted_path_is_the_fallback(installed: Path) -> None:
         assert type(create_broker("tinier:///dev/null")).__name__ == "TinyBroker"
         assert get_dialect("tinier").__name__ == "TinyDialect"
     finally:
-        broker_registry._REGISTERED.pop("tinier")
-        dialect_registry._REGISTERED.pop("tinier")
+        broker_registry.PLUGINS.registered.pop("tinier")
+        dialect_registry.PLUGINS.registered.pop("tinier")
     with pytest.raises(ConfigurationError, match="built-in"):
         register_broker("amqp", "tiny_outbox_plugin:TinyBroker")
     with pytest.raises(UnknownDialect, match="cannot import"):
