@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -50,8 +51,15 @@ FIND_RARE_BUG = settings(
 )
 
 
-def _broken(dialect: Dialect, **overrides: object) -> Dialect:
-    cls = type(f"Broken{type(dialect).__name__}", (type(dialect),), dict(overrides))
+def _broken(
+    dialect: Dialect, keys: dict[str, object] | None = None, **overrides: object
+) -> Dialect:
+    """``dialect``'s class with ``overrides``, and its key walk part with ``keys``."""
+    base = type(dialect)
+    if keys:
+        walk = type(f"Broken{base.parts.keys.__name__}", (base.parts.keys,), dict(keys))
+        overrides["parts"] = dataclasses.replace(base.parts, keys=walk)
+    cls = type(f"Broken{base.__name__}", (base,), dict(overrides))
     return cls(dialect.tables)  # type: ignore[no-any-return]
 
 
@@ -60,9 +68,11 @@ def test_finds_missing_head_of_key_check(backend: str, machine_outbox: Outbox) -
     # and the key walk that offers only heads of unblocked keys.
     broken = _broken(
         machine_outbox.dialect,
-        head_of_key=lambda self, o: sa.true(),
-        run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows},
-        key_window=lambda self, conn, **kw: sa.true(),
+        keys={
+            "head_of_key": lambda self, o, block_on_dead: sa.true(),
+            "run_prefixes": lambda self, conn, rows, block_on_dead: {int(r[0]) for r in rows},
+            "key_window": lambda self, conn, **kw: sa.true(),
+        },
     )
     machine = machine_for(machine_outbox, ordered=True, dialect=broken)
     with pytest.raises(AssertionError, match=r"unsent|first delivered after|run of .* too long"):
@@ -79,8 +89,10 @@ def test_finds_runs_that_skip_a_held_head(backend: str, machine_outbox: Outbox) 
     # the overtaking run within its budget instead of by luck.
     broken = _broken(
         machine_outbox.dialect,
-        run_prefixes=lambda self, conn, rows: {int(r[0]) for r in rows},
-        _key_cursor=property(lambda self: None, lambda self, value: None),
+        keys={
+            "run_prefixes": lambda self, conn, rows, block_on_dead: {int(r[0]) for r in rows},
+            "_key_cursor": property(lambda self: None, lambda self, value: None),
+        },
     )
     # One key: every claim meets the key whose head another claim may hold.
     machine = machine_for(machine_outbox, ordered=True, dialect=broken, run_length=3, keys=["a"])
