@@ -53,9 +53,10 @@ import httpx
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker
 from outbox_core.brokers.signing import SIGNATURE_VERSION, decode_secret, signature
-from outbox_core.config import checked, from_values, mask_url, parse_bool, setting
 from outbox_core.errors import ConfigurationError
+from outbox_core.fields import checked, from_values, parse_bool, setting
 from outbox_core.message import Event, Outcome
+from outbox_core.redaction import mask_url
 
 log = logging.getLogger("outbox.brokers.webhook")
 

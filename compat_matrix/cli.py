@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from outbox_core.config import mask_url
+from outbox_core.redaction import mask_url
 from outbox_core.verify.matrix import column_name, render_markdown
 
 HERE = Path(__file__).resolve().parent

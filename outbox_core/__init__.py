@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Settings": "config",
     "load_settings": "config",
-    "mask_url": "config",
+    "mask_url": "redaction",
     "BrokerError": "errors",
     "ConfigurationError": "errors",
     "DatabaseError": "errors",
@@ -89,7 +89,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from outbox_core.config import Settings, load_settings, mask_url
+    from outbox_core.config import Settings, load_settings
     from outbox_core.doctor import Finding, Severity, diagnose
     from outbox_core.errors import (
         BrokerError,
@@ -107,6 +107,7 @@ if TYPE_CHECKING:
     from outbox_core.inbox import Inbox, cleanup_inbox
     from outbox_core.message import CycleResult, Event, NewEvent, Outcome, OutcomeKind, State
     from outbox_core.outbox import Outbox, Status
+    from outbox_core.redaction import mask_url
     from outbox_core.relay import Relay
     from outbox_core.retry import RetryPolicy
     from outbox_core.schema import OutboxTables

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from outbox_core.redaction import redact
+
 
 class OutboxError(Exception):
     """Base class of every error raised by the toolkit."""
@@ -67,8 +69,6 @@ def translate_errors(operation: str) -> Iterator[None]:
     driver, and no URL with a password reaches a log line.
     """
     import sqlalchemy as sa
-
-    from outbox_core.config import redact  # config imports this module
 
     try:
         yield

@@ -21,11 +21,12 @@ from sqlalchemy.orm import Session
 
 from outbox_core import tracing
 from outbox_core.brokers.base import Broker, create_broker
-from outbox_core.config import Settings, mask_url
+from outbox_core.config import Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.message import build_new_event
+from outbox_core.redaction import mask_url
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables

@@ -17,8 +17,8 @@ import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from outbox_core.config import mask_url
 from outbox_core.message import Event, Outcome, OutcomeKind
+from outbox_core.redaction import mask_url
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 _AVAILABLE = importlib.util.find_spec("opentelemetry") is not None

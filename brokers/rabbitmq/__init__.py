@@ -87,8 +87,8 @@ from outbox_core.brokers.rabbitmq.mapping import (
     build_message,
 )
 from outbox_core.brokers.rabbitmq.options import ENVELOPES, RabbitMQOptions, from_url_options
-from outbox_core.config import mask_url
 from outbox_core.message import Event, Outcome
+from outbox_core.redaction import mask_url
 
 __all__ = [
     "ATTEMPT_HEADER",

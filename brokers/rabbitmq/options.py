@@ -11,8 +11,9 @@ from typing import Any, Final, Literal, get_args
 import pika
 
 from outbox_core.brokers import cloudevents
-from outbox_core.config import checked, from_values, mask_url, setting
 from outbox_core.errors import ConfigurationError
+from outbox_core.fields import checked, from_values, setting
+from outbox_core.redaction import mask_url
 
 ROUTING_KEY_FIELDS: Final = frozenset({"topic", "key", "event_id"})
 

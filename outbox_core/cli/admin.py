@@ -18,7 +18,8 @@ from outbox_core.cli.options import (
     settings_from,
 )
 from outbox_core.cli.render import render_status
-from outbox_core.config import mask_url, parse_duration
+from outbox_core.fields import parse_duration
+from outbox_core.redaction import mask_url
 from outbox_core.schema import OutboxTables
 
 

@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
-from outbox_core.config import mask_url, parse_duration
 from outbox_core.doctor.model import DEAD_TUPLE_RATIO, MIN_DEAD_TUPLES
+from outbox_core.fields import parse_duration
+from outbox_core.redaction import mask_url
 
 
 @click.command("doctor")

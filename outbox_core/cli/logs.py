@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox_core.config import redact
+from outbox_core.redaction import redact
 
 
 class RedactingFilter(logging.Filter):

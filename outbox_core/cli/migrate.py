@@ -9,10 +9,10 @@ from typing import NoReturn
 import click
 
 from outbox_core.cli.render import Progress
-from outbox_core.config import redact
 from outbox_core.errors import OutboxError
 from outbox_core.migrate.model import MAX_BATCH
 from outbox_core.outbox import Outbox
+from outbox_core.redaction import redact
 
 
 def _refuse(message: str) -> NoReturn:

@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 import click
 
 from outbox_core.brokers.base import create_broker
-from outbox_core.config import Settings, load_settings, mask_url, redact
+from outbox_core.config import Settings, load_settings
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.outbox import Outbox
+from outbox_core.redaction import mask_url, redact
 
 F = TypeVar("F", bound=Callable[..., Any])
 

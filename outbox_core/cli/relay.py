@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
-from outbox_core.config import mask_url
 from outbox_core.errors import ConfigurationError
+from outbox_core.redaction import mask_url
 
 
 @click.command()

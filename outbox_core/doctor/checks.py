@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.schema import AddConstraint, CreateIndex, DropIndex
 
-from outbox_core.config import mask_url
 from outbox_core.doctor.family import Check, family_doctor
 from outbox_core.doctor.model import (
     DEAD_TUPLE_RATIO,
@@ -29,6 +28,7 @@ from outbox_core.doctor.model import (
     format_age,
 )
 from outbox_core.errors import OutboxError, UnsupportedDatabase
+from outbox_core.redaction import mask_url
 from outbox_core.schema import detached_index, obsolete_indexes
 
 if TYPE_CHECKING:

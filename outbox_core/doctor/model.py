@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.config import mask_url, redact
+from outbox_core.redaction import mask_url, redact
 
 if TYPE_CHECKING:
     from outbox_core.outbox import Outbox

@@ -6,8 +6,8 @@ import textwrap
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from outbox_core.config import mask_url
 from outbox_core.doctor.model import Finding, Severity
+from outbox_core.redaction import mask_url
 
 if TYPE_CHECKING:
     from outbox_core.outbox import Outbox

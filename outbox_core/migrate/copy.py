@@ -11,7 +11,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.config import mask_url, redact
 from outbox_core.errors import translate_errors
 from outbox_core.message import State
 from outbox_core.migrate.limits import TargetLimits
@@ -28,6 +27,7 @@ from outbox_core.migrate.model import (
     _utc,
 )
 from outbox_core.outbox import Outbox
+from outbox_core.redaction import mask_url, redact
 
 
 def _describe(outbox: Outbox) -> str:

@@ -21,10 +21,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from outbox_core.brokers.base import Broker
-from outbox_core.config import Settings, redact
+from outbox_core.config import Settings
 from outbox_core.dialects.base import Dialect, SessionLimits, delete_in_batches
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult, Event, Outcome
+from outbox_core.redaction import redact
 from outbox_core.relay import settle
 from outbox_core.relay.background import Due, listen, maintain
 from outbox_core.relay.breaker import Breaker, BrokerState

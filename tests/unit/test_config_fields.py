@@ -9,16 +9,9 @@ from typing import Any, Literal
 
 import pytest
 
-from outbox_core.config import (
-    Settings,
-    checked,
-    convert_fields,
-    field_converters,
-    from_values,
-    load_settings,
-    setting,
-)
+from outbox_core.config import Settings, load_settings
 from outbox_core.errors import ConfigurationError
+from outbox_core.fields import checked, convert_fields, field_converters, from_values, setting
 
 
 class Colour(enum.Enum):

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from outbox_core.cli import RedactingFilter
-from outbox_core.config import load_settings, mask_url, parse_duration, redact
+from outbox_core.config import load_settings
 from outbox_core.errors import ConfigurationError, EventError, PayloadError
+from outbox_core.fields import parse_duration
 from outbox_core.message import Outcome, build_new_event
+from outbox_core.redaction import mask_url, redact
 from outbox_core.retry import RetryPolicy
 
 

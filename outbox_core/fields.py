@@ -1,0 +1,252 @@
+"""Conversion derived from a dataclass's field types: Settings and every broker's options.
+
+A value from a flag, an environment variable, a TOML file or a URL query is
+converted by its field's type: ``bool`` (``true``/``1``/``yes``...), ``int``
+(bounded below), ``float`` (a duration: seconds, or ``500ms``, ``30s``,
+``5m``, ``2h``, ``7d``), ``str``, a ``Literal`` or an Enum (one of the
+choices), a class (an instance of it), and ``X | None``. A field type with no
+conversion fails when its class is defined (:func:`checked`), never silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import types
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from outbox_core.errors import ConfigurationError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: str | float | int, name: str = "duration") -> float:
+    """Seconds from ``30``, ``1.5``, ``500ms``, ``30s``, ``5m``, ``2h`` or ``7d``."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigurationError(
+                f"{name}: {value!r} is not a duration (examples: 30, 500ms, 30s, 5m, 2h, 7d)"
+            )
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ConfigurationError(f"{name}: must not be negative")
+    return seconds
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    """``True`` / ``False`` from a bool or from 1/0, true/false, yes/no, on/off."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name}: expected true or false, got {value!r}")
+
+
+def _parse_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name}: expected an integer, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name}: expected an integer, got {value!r}") from None
+    if number < minimum:
+        raise ConfigurationError(f"{name}: must be at least {minimum}, got {number}")
+    return number
+
+
+#: ``(value, field name) -> converted value``; raises :class:`ConfigurationError`.
+Converter = Callable[[Any, str], Any]
+
+_T = TypeVar("_T")
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Callable[[], Any] | None = None,
+    minimum: int | None = None,
+    positive: bool = False,
+    convert: Converter | None = None,
+    repr: bool = True,
+) -> Any:
+    """A dataclass field with conversion rules the field's type cannot say.
+
+    ``minimum``: an ``int`` field's smallest value (default 1). ``positive``: a
+    duration (``float``) must be more than 0. ``convert``: the converter of a
+    type the mechanism cannot derive (a union, a mapping, a CA path or a context).
+    """
+    metadata: dict[str, Any] = {}
+    if minimum is not None:
+        metadata["minimum"] = minimum
+    if positive:
+        metadata["positive"] = True
+    if convert is not None:
+        metadata["convert"] = convert
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, repr=repr, metadata=metadata)
+    return dataclasses.field(default=default, repr=repr, metadata=metadata)
+
+
+def _as_str(value: Any, name: str) -> str:
+    return str(value)
+
+
+def _as_duration(positive: bool) -> Converter:
+    def convert(value: Any, name: str) -> float:
+        seconds = parse_duration(value, name)
+        if positive and not seconds > 0:
+            raise ConfigurationError(f"{name} must be positive, got {value!r}")
+        return seconds
+
+    return convert
+
+
+def _as_choice(choices: Mapping[str, Any]) -> Converter:
+    """One of ``choices`` (its text -> the value stored), matched exactly, else ignoring case."""
+    by_lower = {text.lower(): value for text, value in choices.items()}
+
+    def convert(value: Any, name: str) -> Any:
+        if value in choices.values():
+            return value
+        text = str(value).strip()
+        if text in choices:
+            return choices[text]
+        if text.lower() in by_lower:
+            return by_lower[text.lower()]
+        raise ConfigurationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+    return convert
+
+
+def _as_instance(cls: type) -> Converter:
+    def convert(value: Any, name: str) -> Any:
+        if not isinstance(value, cls):
+            raise ConfigurationError(
+                f"{name} must be a {cls.__module__}.{cls.__qualname__}, not {type(value).__name__}"
+            )
+        return value
+
+    return convert
+
+
+def _required(inner: Converter) -> Converter:
+    def convert(value: Any, name: str) -> Any:
+        if value is None:
+            raise ConfigurationError(f"{name}: a value is required, got None")
+        return inner(value, name)
+
+    return convert
+
+
+def _optional(inner: Converter) -> Converter:
+    def convert(value: Any, name: str) -> Any:
+        return None if value is None else inner(value, name)
+
+    return convert
+
+
+#: Types whose instances are not configuration values (an isinstance check
+#: would accept anything, or a str() would hide a mistake).
+_NOT_CONVERTIBLE = (object, list, dict, tuple, set, frozenset, bytes, bytearray)
+
+
+def _derive(owner: type, field: dataclasses.Field[Any], hint: Any) -> Converter:
+    custom = field.metadata.get("convert")
+    args = get_args(hint)
+    if get_origin(hint) in (Union, types.UnionType) and type(None) in args:
+        rest = tuple(a for a in args if a is not type(None))
+        if custom is not None:
+            return _optional(custom)
+        if len(rest) == 1:
+            return _optional(_derive_one(owner, field, rest[0]))
+        return _derive_one(owner, field, hint)  # a union: raises below
+    if custom is not None:
+        return _required(custom)
+    return _required(_derive_one(owner, field, hint))
+
+
+def _derive_one(owner: type, field: dataclasses.Field[Any], hint: Any) -> Converter:
+    if hint is bool:  # before int: bool is an int
+        return parse_bool
+    if hint is int:
+        minimum = int(field.metadata.get("minimum", 1))
+        return lambda value, name: _parse_int(value, name, minimum)
+    if hint is float:
+        return _as_duration(bool(field.metadata.get("positive")))
+    if hint is str:
+        return _as_str
+    if get_origin(hint) is Literal:
+        return _as_choice({str(choice): choice for choice in get_args(hint)})
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _as_choice({str(member.value): member for member in hint})
+    if isinstance(hint, type) and hint not in _NOT_CONVERTIBLE and get_origin(hint) is None:
+        return _as_instance(hint)
+    raise TypeError(
+        f"{owner.__qualname__}.{field.name}: no conversion for the type {hint!r}; "
+        "use bool, int, float (a duration), str, a Literal, an Enum, a class, "
+        "Optional of one of them, or give the field setting(convert=...)"
+    )
+
+
+_CONVERTERS: dict[type, Mapping[str, Converter]] = {}
+
+
+def field_converters(cls: type) -> Mapping[str, Converter]:
+    """Field name -> converter for the dataclass ``cls``, derived from its field types.
+
+    ``bool`` -> :func:`parse_bool`, ``int`` -> an integer of at least the field's
+    ``minimum`` (default 1), ``float`` -> a duration (:func:`parse_duration`),
+    ``str``, ``Literal[...]`` and Enum -> one of the choices, a class -> an
+    instance of it, ``X | None`` -> ``None`` or ``X``; a field's
+    ``setting(convert=...)`` wins. A field type with no conversion raises
+    :class:`TypeError` (a programming error, never a silent ``str()``).
+    """
+    found = _CONVERTERS.get(cls)
+    if found is None:
+        hints = get_type_hints(cls)
+        found = _CONVERTERS[cls] = MappingProxyType(
+            {f.name: _derive(cls, f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+        )
+    return found
+
+
+def checked(cls: type[_T]) -> type[_T]:
+    """Class decorator: derive the converters now, so a field type with none fails at import."""
+    field_converters(cls)
+    return cls
+
+
+def convert_fields(
+    cls: type, values: Mapping[str, Any], *, what: str = "setting"
+) -> dict[str, Any]:
+    """``values`` converted per the field types of ``cls``.
+
+    An unknown name is a :class:`ConfigurationError` listing the known ones
+    (``what`` names them: ``setting``, ``RabbitMQ broker option``).
+    """
+    converters = field_converters(cls)
+    unknown = sorted(set(values) - set(converters))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown {what}{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(name) for name in unknown)}; "
+            f"known {what}s: {', '.join(sorted(converters))}"
+        )
+    return {name: converters[name](value, name) for name, value in values.items()}
+
+
+def from_values(cls: type[_T], values: Mapping[str, Any], *, what: str = "setting") -> _T:
+    """An instance of the dataclass ``cls`` from ``values`` (strings accepted), converted."""
+    return cls(**convert_fields(cls, values, what=what))
