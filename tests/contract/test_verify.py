@@ -59,7 +59,11 @@ def test_quick_verify_passes_and_leaves_no_table_behind(
         if name in SHORT:
             assert name in output and guarantee in output
     assert "0 failed" in output
-    assert tables(db_url) == before
+    # Only verify's own tables are compared: other runs on the same server may
+    # create and drop tables of their own meanwhile.
+    left = {t for t in tables(db_url) - before if t.startswith("outbox_verify_")}
+    assert not left, left
+    assert outbox.table.name in tables(db_url)
     assert outbox.status().counts["pending"] == 1  # the real table was not touched
     suite = ElementTree.parse(junit).getroot()
     assert suite.tag == "testsuite" and suite.get("failures") == "0"
