@@ -63,23 +63,14 @@ under the whole batch; ``0`` disables the check), ``reconnect_max`` (backoff cap
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import pika
 import pika.exceptions
-from pika.adapters.select_connection import IOLoop
 
 from outbox_core.brokers.base import Broker
-from outbox_core.brokers.rabbitmq.connection import (
-    _FLUSH_BYTES,
-    ConfirmingConnection,
-    _Batch,
-    _describe,
-    _Unavailable,
-    log,
-)
+from outbox_core.brokers.rabbitmq.connection import ConfirmingConnection, _Batch, _describe, log
 from outbox_core.brokers.rabbitmq.mapping import (
     ATTEMPT_HEADER,
     KEY_HEADER,
@@ -95,19 +86,21 @@ __all__ = [
     "ENVELOPES",
     "KEY_HEADER",
     "AmqpMessage",
+    "ConfirmingConnection",
     "RabbitMQBroker",
     "RabbitMQOptions",
     "_Batch",
 ]
 
 
-class RabbitMQBroker(ConfirmingConnection, Broker):
+class RabbitMQBroker(Broker):
     """Publishes to a RabbitMQ exchange with batched publisher confirms.
 
     One instance serves one relay; :meth:`publish` calls are serialised. The
     connection is opened on the first :meth:`publish`, not at creation.
-    Options: :class:`RabbitMQOptions` (``rabbitmq.options``); the message:
-    ``rabbitmq.mapping``; the connection and confirms: ``rabbitmq.connection``.
+    Options: :attr:`options` (:class:`RabbitMQOptions`, ``rabbitmq.options``);
+    the message: ``rabbitmq.mapping``; the connection and its confirms:
+    :attr:`connection` (:class:`ConfirmingConnection`, ``rabbitmq.connection``).
     """
 
     #: pika's errors of a connection or channel gone while publishing; the
@@ -123,35 +116,15 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
         display: str | None = None,
     ) -> None:
         # ``options`` were converted and checked when built (RabbitMQOptions).
-        self.options = opts = options if options is not None else RabbitMQOptions()
-        self.parameters = parameters
-        self.exchange = opts.exchange
-        self.exchange_type = opts.exchange_type
-        self.declare_exchange = opts.declare_exchange
-        self.routing_key = opts.routing_key
-        self.envelope = opts.envelope
-        self.source = opts.source
-        self.cloudevents_prefix = opts.cloudevents_prefix
-        self.unroutable = opts.unroutable
-        self.confirm_timeout = opts.confirm_timeout
-        self.connect_timeout = opts.connect_timeout
-        self.reconnect_max = opts.reconnect_max
-        self.max_message_size = opts.max_message_size
-        self.display = display or f"amqp://{parameters.host}:{parameters.port}"
-
+        self.options = options if options is not None else RabbitMQOptions()
+        self.connection = ConfirmingConnection(
+            parameters,
+            self.options,
+            display=display or f"amqp://{parameters.host}:{parameters.port}",
+        )
+        #: Serialises publish, probe and close: the connection is not thread-safe.
         self._lock = threading.Lock()
         self._closed = False
-        self._ioloop: IOLoop | None = None
-        self._running: IOLoop | None = None
-        self._conn: pika.SelectConnection | None = None
-        self._channel: Any = None
-        self._next_tag = 0
-        self._batch: _Batch | None = None
-        self._down: str | None = None
-        self._blocked = False
-        self._failures = 0
-        self._retry_at = 0.0
-        self._last_error = ""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RabbitMQBroker:
@@ -159,8 +132,18 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
         parameters, opts = from_url_options(url, options)
         return cls(parameters, opts, display=mask_url(url))
 
+    @property
+    def parameters(self) -> pika.ConnectionParameters | pika.URLParameters:
+        """pika's connection parameters (from the URL and the options)."""
+        return self.connection.parameters
+
+    @property
+    def display(self) -> str:
+        """The server, for log lines and errors (no password)."""
+        return self.connection.display
+
     def __repr__(self) -> str:
-        return f"RabbitMQBroker({self.display!r}, exchange={self.exchange!r})"
+        return f"RabbitMQBroker({self.display!r}, exchange={self.options.exchange!r})"
 
     # -- messages -------------------------------------------------------------
 
@@ -170,13 +153,14 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
         Raise :class:`ValueError` or :class:`TypeError` when the event cannot
         be encoded (its outcome is then ``reject``).
         """
+        opts = self.options
         return build_message(
             event,
-            routing_key=self.routing_key,
-            envelope=self.envelope,
-            source=self.source,
-            cloudevents_prefix=self.cloudevents_prefix,
-            max_message_size=self.max_message_size,
+            routing_key=opts.routing_key,
+            envelope=opts.envelope,
+            source=opts.source,
+            cloudevents_prefix=opts.cloudevents_prefix,
+            max_message_size=opts.max_message_size,
         )
 
     # -- publishing -------------------------------------------------------------
@@ -188,22 +172,17 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
         with self._lock:
             if self._closed:
                 return [Outcome.unavailable("RabbitMQ broker is closed")] * len(events)
-            down = self._open()
+            down = self.connection.open()
             if down is not None:
                 return [Outcome.unavailable(down)] * len(events)
             batch = _Batch(len(events))
-            self._batch = batch
             try:
-                self._send(events, batch)
-                if batch.pending and batch.lost is None:
-                    self._run_until(
-                        lambda: not batch.pending or batch.lost is not None, self.confirm_timeout
-                    )
+                with self.connection.confirming(batch):
+                    self._send(events, batch)
+                    self.connection.wait_for_confirms(batch)
             except Exception as exc:  # pika misbehaving: never raise from publish
                 log.exception("publishing to %s failed", self.display)
                 batch.lost = batch.lost or f"publish failed: {_describe(exc)}"
-            finally:
-                self._batch = None
             return self._settle(batch)
 
     def probe(self) -> str | None:
@@ -211,22 +190,7 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
         with self._lock:
             if self._closed:
                 return "RabbitMQ broker is closed"
-            self._retry_at = 0.0  # the relay paces its probes: connect now
-            return self._open()
-
-    def _open(self) -> str | None:
-        """Make the channel ready; None, or why RabbitMQ cannot take messages now."""
-        try:
-            self._ensure_channel()
-        except _Unavailable as exc:
-            return exc.message
-        except Exception as exc:  # defensive: publish never raises for broker trouble
-            log.exception("preparing the RabbitMQ channel failed")
-            self._teardown()
-            return f"RabbitMQ unavailable: {_describe(exc)}"
-        if self._blocked:
-            return "RabbitMQ blocked publishing on this connection (memory or disk alarm)"
-        return None
+            return self.connection.open(now=True)  # the relay paces its probes: connect now
 
     def _settle(self, batch: _Batch) -> list[Outcome]:
         # A channel the server closed over a message is that batch's failure
@@ -234,22 +198,23 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
         unconfirmed = Outcome.retry if batch.lost_by_event else Outcome.unavailable
         if batch.pending:
             if batch.lost is None:
-                reason = f"no publisher confirm from RabbitMQ within {self.confirm_timeout:g}s"
+                reason = (
+                    f"no publisher confirm from RabbitMQ within {self.options.confirm_timeout:g}s"
+                )
                 log.warning("%s: %s; reconnecting", self.display, reason)
-                self._teardown()
+                self.connection.close()
             else:
                 reason = f"not confirmed: {batch.lost}"
             for index in batch.pending.values():
                 batch.outcomes[index] = unconfirmed(reason)
-        unsent = f"not published: {batch.lost or self._down or 'RabbitMQ connection lost'}"
-        if batch.lost is not None or self._down is not None:
-            self._teardown()
+        down = self.connection.down
+        unsent = f"not published: {batch.lost or down or 'RabbitMQ connection lost'}"
+        if batch.lost is not None or down is not None:
+            self.connection.close()  # the next batch reconnects
         return [o if o is not None else unconfirmed(unsent) for o in batch.outcomes]
 
     def _send(self, events: Sequence[Event], batch: _Batch) -> None:
-        channel = self._channel
-        batch.low = self._next_tag + 1
-        unflushed = 0
+        send = self.connection.send
         for index, event in enumerate(events):
             if batch.lost is not None:
                 return
@@ -259,33 +224,22 @@ class RabbitMQBroker(ConfirmingConnection, Broker):
                 batch.outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
                 continue
             try:
-                channel.basic_publish(
-                    self.exchange,
-                    message.routing_key,
-                    message.body,
-                    message.properties,
-                    mandatory=True,
-                )
+                due = send(batch, index, event.event_id, message)
             except self.unavailable_errors as exc:
                 batch.lost = self.describe_unavailable(exc)
                 return
             except Exception as exc:  # marshalling failed before anything was written
                 batch.outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
                 continue
-            self._next_tag += 1
-            batch.pending[self._next_tag] = index
-            batch.by_message_id.setdefault(event.event_id, deque()).append(index)
-            unflushed += len(message.body)
-            if unflushed >= _FLUSH_BYTES:
-                unflushed = 0
-                self._pump()
+            if due:  # outside the try: trouble in the I/O loop is the batch's, not this message's
+                self.connection.pump()
 
     def describe_unavailable(self, exc: BaseException) -> str:
         """pika's error, unwrapped from the connection workflow's wrappers."""
         return _describe(exc)
 
     def close(self) -> None:
-        """Close the connection; later :meth:`publish` calls report ``retry``."""
+        """Close the connection; later :meth:`publish` calls report ``unavailable``."""
         with self._lock:
             self._closed = True
-            self._teardown()
+            self.connection.close()

@@ -1,19 +1,20 @@
 """The RabbitMQ broker's connection: pika's SelectConnection driven from the caller's thread.
 
-It opens the connection and a confirm-mode channel (declaring the exchange),
-notices a connection or channel lost while idle, reconnects with backoff
-while the broker stays unreachable, and collects publisher confirms and
-returns into the batch being published.
+:class:`ConfirmingConnection` opens the connection and a confirm-mode channel
+(declaring the exchange), notices a connection or channel lost while idle,
+reconnects with backoff while the broker stays unreachable, and collects
+publisher confirms and returns into the batch being published. What the
+outcomes then are is the broker's (``rabbitmq/__init__.py``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import pika
@@ -21,6 +22,8 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.select_connection import IOLoop
 
+from outbox_core.brokers.rabbitmq.mapping import AmqpMessage
+from outbox_core.brokers.rabbitmq.options import RabbitMQOptions
 from outbox_core.message import Outcome
 from outbox_core.retry import Backoff
 
@@ -101,37 +104,151 @@ def _describe(exc: BaseException | None) -> str:
 
 
 class ConfirmingConnection:
-    """A connection in publisher-confirm mode, its I/O loop and its lifecycle (a mixin).
+    """One RabbitMQ connection in publisher-confirm mode, driven from the caller's thread.
 
-    :class:`~outbox_core.brokers.rabbitmq.RabbitMQBroker` sets the attributes
-    declared here in its ``__init__``.
+    It owns the :class:`pika.SelectConnection`, its I/O loop, the channel
+    (exchange declared, confirm mode), the reconnect backoff, the outage state
+    and the confirms and returns of the batch being sent. The broker calls
+    :meth:`open`, then, with the batch inside :meth:`confirming`, :meth:`send`
+    per message and :meth:`wait_for_confirms`; :meth:`close` drops it all and
+    the next :meth:`open` reconnects. Not thread-safe: the broker calls it
+    under its lock.
     """
 
-    parameters: pika.ConnectionParameters | pika.URLParameters
-    display: str
-    exchange: str
-    exchange_type: str
-    declare_exchange: bool
-    unroutable: str
-    connect_timeout: float
-    reconnect_max: float
-    _lock: threading.Lock
-    _ioloop: IOLoop | None
-    _running: IOLoop | None
-    _conn: pika.SelectConnection | None
-    _channel: Any
-    _next_tag: int
-    _batch: _Batch | None
-    _down: str | None
-    _blocked: bool
-    _failures: int
-    _retry_at: float
-    _last_error: str
+    def __init__(
+        self,
+        parameters: pika.ConnectionParameters | pika.URLParameters,
+        options: RabbitMQOptions,
+        *,
+        display: str,
+    ) -> None:
+        self.parameters = parameters
+        self.options = options
+        #: The server, for log lines and errors (no password).
+        self.display = display
+        self._ioloop: IOLoop | None = None
+        #: The loop while ``start()`` runs, for callbacks to stop it.
+        self._running: IOLoop | None = None
+        self._conn: pika.SelectConnection | None = None
+        self._channel: Any = None
+        #: Delivery tag of the channel's last publish (they count from 1).
+        self._next_tag = 0
+        #: Bytes sent since the I/O loop last had a turn.
+        self._unflushed = 0
+        self._batch: _Batch | None = None
+        #: Why the connection or channel went away, until it is replaced.
+        self._down: str | None = None
+        self._blocked = False
+        #: Failed connection attempts in a row, the next allowed one, the last error.
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = ""
+
+    # -- what the broker calls ------------------------------------------------
+
+    @property
+    def down(self) -> str | None:
+        """Why the connection or channel was lost since it opened, or None."""
+        return self._down
+
+    def open(self, *, now: bool = False) -> str | None:
+        """Make the channel ready; None, or why RabbitMQ cannot take messages now.
+
+        While connecting keeps failing, attempts wait for the reconnect backoff;
+        ``now`` connects at once (a probe: the relay paces those itself).
+        """
+        if now:
+            self._retry_at = 0.0
+        try:
+            self._ensure_channel()
+        except _Unavailable as exc:
+            return exc.message
+        except Exception as exc:  # defensive: publish never raises for broker trouble
+            log.exception("preparing the RabbitMQ channel failed")
+            self.close()
+            return f"RabbitMQ unavailable: {_describe(exc)}"
+        if self._blocked:
+            return "RabbitMQ blocked publishing on this connection (memory or disk alarm)"
+        return None
+
+    @contextmanager
+    def confirming(self, batch: _Batch) -> Iterator[_Batch]:
+        """Collect confirms and returns into ``batch`` while the block sends it."""
+        self._batch = batch
+        batch.low = self._next_tag + 1
+        self._unflushed = 0
+        try:
+            yield batch
+        finally:
+            self._batch = None
+
+    def send(self, batch: _Batch, index: int, message_id: str, message: AmqpMessage) -> bool:
+        """Publish the message at ``index`` of ``batch``, mandatory, without waiting.
+
+        Raises what ``basic_publish`` raises; nothing is recorded then. True
+        when a megabyte or so went out since the I/O loop's last turn: call
+        :meth:`pump`, so a large batch streams to the socket instead of piling
+        up in memory.
+        """
+        self._channel.basic_publish(
+            self.options.exchange,
+            message.routing_key,
+            message.body,
+            message.properties,
+            mandatory=True,
+        )
+        self._next_tag += 1
+        batch.pending[self._next_tag] = index
+        batch.by_message_id.setdefault(message_id, deque()).append(index)
+        self._unflushed += len(message.body)
+        return self._unflushed >= _FLUSH_BYTES
+
+    def pump(self) -> None:
+        """One pass of the I/O loop without waiting: write what the socket takes, read replies."""
+        self._unflushed = 0
+        if self._ioloop is not None:
+            self._turn(self._ioloop, 0.0)
+
+    def wait_for_confirms(self, batch: _Batch) -> None:
+        """Run the I/O loop until ``batch`` is confirmed, lost, or ``confirm_timeout`` passes.
+
+        Messages still unconfirmed then stay in ``batch.pending``.
+        """
+        if batch.pending and batch.lost is None:
+            self._run_until(
+                lambda: not batch.pending or batch.lost is not None,
+                self.options.confirm_timeout,
+            )
+
+    def close(self) -> None:
+        """Close the connection (bounded wait) and forget it; the next :meth:`open` reconnects."""
+        conn, ioloop = self._conn, self._ioloop
+        self._conn = None
+        self._channel = None
+        self._down = None
+        self._blocked = False
+        if conn is not None and ioloop is not None:
+            try:
+                if not (conn.is_closed or conn.is_closing):
+                    conn.close()
+                deadline = time.monotonic() + _CLOSE_TIMEOUT
+                while not conn.is_closed and time.monotonic() < deadline:
+                    self._turn(ioloop, deadline - time.monotonic())
+            except Exception:  # closing is best effort
+                log.debug("error while closing the RabbitMQ connection", exc_info=True)
+        if ioloop is not None:
+            self._ioloop = None
+            try:
+                ioloop.close()
+            except Exception:
+                log.debug("error while closing the I/O loop", exc_info=True)
 
     @functools.cached_property
     def _reconnects(self) -> Backoff:
         """Waits between connection attempts: 0.5 s doubling up to ``reconnect_max``."""
-        return Backoff(0.5, self.reconnect_max)
+        return Backoff(0.5, self.options.reconnect_max)
+
+    # -- pika's callbacks -------------------------------------------------------
 
     def _on_confirm(self, frame: Any) -> None:
         batch = self._batch
@@ -162,7 +279,7 @@ class ConfirmingConnection:
         returned = batch.returned.get(index)
         if returned is None:
             batch.outcomes[index] = Outcome.ok()
-        elif self.unroutable == "retry":
+        elif self.options.unroutable == "retry":
             batch.outcomes[index] = Outcome.retry(returned)
         else:
             batch.outcomes[index] = Outcome.reject(returned)
@@ -219,6 +336,8 @@ class ConfirmingConnection:
         if self._running is not None:
             self._running.stop()
 
+    # -- the I/O loop and the connection's lifecycle ---------------------------
+
     def _run_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Run the I/O loop until ``done()`` or ``timeout`` seconds; return ``done()``."""
         ioloop = self._ioloop
@@ -231,11 +350,6 @@ class ConfirmingConnection:
                 return False
             self._turn(ioloop, remaining)
         return True
-
-    def _pump(self) -> None:
-        """One pass of the I/O loop without waiting: write what the socket takes, read replies."""
-        if self._ioloop is not None:
-            self._turn(self._ioloop, 0.0)
 
     def _turn(self, ioloop: IOLoop, limit: float) -> None:
         timer = ioloop.call_later(limit, ioloop.stop)
@@ -259,13 +373,13 @@ class ConfirmingConnection:
         if self._ready():
             # Take in what arrived while idle: heartbeats, or a close from the
             # server (heartbeat timeout, restart) that must not eat a batch.
-            self._pump()
+            self.pump()
             if self._ready():
                 return
             log.info("%s: %s; reconnecting", self.display, self._down or "connection closed")
-            self._teardown()
+            self.close()
         elif self._conn is not None:
-            self._teardown()
+            self.close()
         wait = self._retry_at - time.monotonic()
         if wait > 0:
             raise _Unavailable(
@@ -279,7 +393,7 @@ class ConfirmingConnection:
             else:  # not expected from pika, but publish must not raise
                 log.exception("unexpected error while connecting to %s", self.display)
                 message = f"connecting to {self.display} failed: {_describe(exc)}"
-            self._teardown()
+            self.close()
             self._failures += 1
             delay = self._reconnects.next()
             self._retry_at = time.monotonic() + delay
@@ -311,8 +425,9 @@ class ConfirmingConnection:
             start(finished)
         except pika.exceptions.AMQPError as exc:
             raise _Unavailable(f"{what} failed: {_describe(exc)}") from None
-        if not self._run_until(lambda: bool(done) or self._down is not None, self.connect_timeout):
-            raise _Unavailable(f"{what} timed out after {self.connect_timeout:g}s")
+        timeout = self.options.connect_timeout
+        if not self._run_until(lambda: bool(done) or self._down is not None, timeout):
+            raise _Unavailable(f"{what} timed out after {timeout:g}s")
         if not done:
             raise _Unavailable(f"{what} failed: {self._down}")
 
@@ -349,39 +464,17 @@ class ConfirmingConnection:
             ),
         )
         self._next_tag = 0
-        if self.exchange:  # the default exchange "" always exists and cannot be declared
-            passive = not self.declare_exchange or self.exchange.startswith("amq.")
+        exchange = self.options.exchange
+        if exchange:  # the default exchange "" always exists and cannot be declared
+            passive = not self.options.declare_exchange or exchange.startswith("amq.")
             self._step(
-                f"{'checking' if passive else 'declaring'} exchange {self.exchange!r}",
+                f"{'checking' if passive else 'declaring'} exchange {exchange!r}",
                 lambda callback: self._channel.exchange_declare(
-                    exchange=self.exchange,
-                    exchange_type=self.exchange_type,
+                    exchange=exchange,
+                    exchange_type=self.options.exchange_type,
                     passive=passive,
                     durable=True,
                     callback=callback,
                 ),
             )
-        log.info("connected to %s (exchange %r)", self.display, self.exchange)
-
-    def _teardown(self) -> None:
-        """Close the connection (bounded wait) and forget it; the next batch reconnects."""
-        conn, ioloop = self._conn, self._ioloop
-        self._conn = None
-        self._channel = None
-        self._down = None
-        self._blocked = False
-        if conn is not None and ioloop is not None:
-            try:
-                if not (conn.is_closed or conn.is_closing):
-                    conn.close()
-                deadline = time.monotonic() + _CLOSE_TIMEOUT
-                while not conn.is_closed and time.monotonic() < deadline:
-                    self._turn(ioloop, deadline - time.monotonic())
-            except Exception:  # closing is best effort
-                log.debug("error while closing the RabbitMQ connection", exc_info=True)
-        if ioloop is not None:
-            self._ioloop = None
-            try:
-                ioloop.close()
-            except Exception:
-                log.debug("error while closing the I/O loop", exc_info=True)
+        log.info("connected to %s (exchange %r)", self.display, exchange)

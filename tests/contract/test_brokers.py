@@ -42,7 +42,12 @@ from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.brokers.callable import CallableBroker
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.brokers.rabbitmq import RabbitMQBroker, RabbitMQOptions, _Batch
+from outbox_core.brokers.rabbitmq import (
+    ConfirmingConnection,
+    RabbitMQBroker,
+    RabbitMQOptions,
+    _Batch,
+)
 from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome, OutcomeKind, build_new_event
@@ -399,12 +404,12 @@ def test_rabbitmq_url_options() -> None:
     assert params.virtual_host == "vh"
     assert params.heartbeat == 15
     assert params.client_properties["connection_name"] == "billing relay"
-    assert tls.confirm_timeout == 2.5
+    assert tls.options.confirm_timeout == 2.5
     assert "p@" not in repr(tls)
     plain = RabbitMQBroker.from_url("amqp://localhost/", heartbeat="0", declare_exchange="false")
     assert plain.parameters.ssl_options is None
     assert plain.parameters.heartbeat == 0
-    assert plain.declare_exchange is False
+    assert plain.options.declare_exchange is False
     assert plain.parameters.client_properties["connection_name"] == "outbox-toolkit relay"
 
 
@@ -677,33 +682,33 @@ def _confirm(kind: type, tag: int, multiple: bool = False) -> SimpleNamespace:
     return SimpleNamespace(method=kind(delivery_tag=tag, multiple=multiple))
 
 
-def _offline_broker(**options: Any) -> tuple[RabbitMQBroker, _Batch]:
-    broker = RabbitMQBroker.from_url("amqp://guest:guest@127.0.0.1:1/%2F", **options)
+def _offline_connection(**options: Any) -> tuple[ConfirmingConnection, _Batch]:
+    connection = RabbitMQBroker.from_url("amqp://guest:guest@127.0.0.1:1/%2F", **options).connection
     batch = _Batch(6)
     batch.low = 11
     for position in range(6):
         batch.pending[11 + position] = position
         batch.by_message_id.setdefault(f"id{position}", deque()).append(position)
-    broker._batch = batch
-    broker._next_tag = 16
-    return broker, batch
+    connection._batch = batch
+    connection._next_tag = 16
+    return connection, batch
 
 
 def test_multiple_ack_confirms_every_tag_up_to_it() -> None:
-    broker, batch = _offline_broker()
-    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 13, multiple=True))
+    connection, batch = _offline_connection()
+    connection._on_confirm(_confirm(pika.spec.Basic.Ack, 13, multiple=True))
     assert sorted(batch.pending) == [14, 15, 16]
-    broker._on_confirm(_confirm(pika.spec.Basic.Nack, 15, multiple=True))
-    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 16))
+    connection._on_confirm(_confirm(pika.spec.Basic.Nack, 15, multiple=True))
+    connection._on_confirm(_confirm(pika.spec.Basic.Ack, 16))
     assert not batch.pending
     assert kinds([o for o in batch.outcomes if o]) == [OK, OK, OK, RETRY, RETRY, OK]
 
 
 def test_return_then_ack_is_not_ok() -> None:
-    broker, batch = _offline_broker()
+    connection, batch = _offline_connection()
     returned = SimpleNamespace(routing_key="a.b", exchange="ex", reply_code=312, reply_text="NO")
-    broker._on_return(None, returned, SimpleNamespace(message_id="id2"), b"")
-    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 16, multiple=True))
+    connection._on_return(None, returned, SimpleNamespace(message_id="id2"), b"")
+    connection._on_confirm(_confirm(pika.spec.Basic.Ack, 16, multiple=True))
     assert kinds([o for o in batch.outcomes if o]) == [OK, OK, REJECT, OK, OK, OK]
     rejected = batch.outcomes[2]
     assert rejected is not None
@@ -711,19 +716,19 @@ def test_return_then_ack_is_not_ok() -> None:
 
 
 def test_return_with_unroutable_retry() -> None:
-    broker, batch = _offline_broker(unroutable="retry")
+    connection, batch = _offline_connection(unroutable="retry")
     returned = SimpleNamespace(routing_key="a.b", exchange="ex", reply_code=312, reply_text="NO")
-    broker._on_return(None, returned, SimpleNamespace(message_id="id0"), b"")
+    connection._on_return(None, returned, SimpleNamespace(message_id="id0"), b"")
     for tag in (16, 11, 12, 13, 14, 15):  # single acks, any order
-        broker._on_confirm(_confirm(pika.spec.Basic.Ack, tag))
+        connection._on_confirm(_confirm(pika.spec.Basic.Ack, tag))
     assert kinds([o for o in batch.outcomes if o]) == [RETRY, OK, OK, OK, OK, OK]
 
 
 def test_stale_and_duplicate_confirms_are_ignored() -> None:
-    broker, batch = _offline_broker()
-    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 3))  # from an earlier batch
-    broker._on_confirm(_confirm(pika.spec.Basic.Ack, 11))
-    broker._on_confirm(_confirm(pika.spec.Basic.Nack, 11))  # already settled
+    connection, batch = _offline_connection()
+    connection._on_confirm(_confirm(pika.spec.Basic.Ack, 3))  # from an earlier batch
+    connection._on_confirm(_confirm(pika.spec.Basic.Ack, 11))
+    connection._on_confirm(_confirm(pika.spec.Basic.Nack, 11))  # already settled
     assert batch.outcomes[0] == Outcome.ok()
     assert len(batch.pending) == 5
 
