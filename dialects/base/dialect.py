@@ -237,22 +237,6 @@ class Dialect(ABC):
         """
         return select
 
-    def claim_returning(
-        self,
-        conn: Connection,
-        stmt: sa.Executable,
-        token: str,
-        params: dict[str, Any] | None = None,
-    ) -> list[Event]:
-        """Run a claim that leases and returns its rows in one statement; oldest first.
-
-        ``RETURNING`` / ``OUTPUT`` give rows in no particular order; the relay
-        publishes in id order.
-        """
-        with self.transaction(conn):
-            rows = conn.execute(stmt, params).all()
-        return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
-
     def to_event(self, row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
         """Build an :class:`Event` from a row of :meth:`claim_columns`."""
         created: datetime = row[7]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -32,6 +33,22 @@ class ReturningDialect(Dialect):
         block_on_dead: bool = True,
     ) -> sa.Executable:
         """Pick up to ``limit`` rows (skipping rows other claims hold), lease and return them."""
+
+    def claim_returning(
+        self,
+        conn: Connection,
+        stmt: sa.Executable,
+        token: str,
+        params: dict[str, Any] | None = None,
+    ) -> list[Event]:
+        """Run a claim that leases and returns its rows in one statement; oldest first.
+
+        ``RETURNING`` / ``OUTPUT`` give rows in no particular order; the relay
+        publishes in id order.
+        """
+        with self.transaction(conn):
+            rows = conn.execute(stmt, params).all()
+        return sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
 
     def claim(
         self,
