@@ -14,13 +14,17 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from outbox_core import tracing
-from outbox_core.errors import EventError, translate_errors
-from outbox_core.message import NewEvent, build_new_event
+from outbox_core.errors import ConfigurationError, EventError, TableMissing, translate_errors
+from outbox_core.message import JsonDefault, NewEvent, build_new_event
 from outbox_core.transaction import TransactionPort
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
+    from datetime import timedelta
+
+    from sqlalchemy.engine import Connection, Engine
 
     from outbox_core.dialects.base import Dialect
     from outbox_core.relay import Relay
@@ -32,16 +36,46 @@ EVENT_FIELDS = frozenset({"topic", "payload", "key", "headers", "delay"})
 class Producer:
     """The producing side of one outbox: checks, statements, wake-ups."""
 
-    def __init__(self, dialect: Dialect, *, fallback: Callable[[], Connection]) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        fallback: Callable[[], Connection],
+        json_default: JsonDefault | None = None,
+    ) -> None:
         self.dialect = dialect
+        #: Converts payload values JSON cannot hold (``Outbox(json_default=...)``).
+        self.json_default = json_default
         #: Where the server's capabilities are read when a port has no SQLAlchemy
         #: connection of its own (the outbox's engine).
         self._fallback = fallback
         #: Relays of this outbox running in this process, woken after a commit.
         self.local_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
+        #: Engines on which the outbox table was seen (checked once per pool).
+        self._tables_seen: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+    def event(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float | timedelta | None = None,
+    ) -> NewEvent:
+        """A checked event: trace context added to the headers, the payload encoded."""
+        return build_new_event(
+            topic,
+            payload,
+            key=key,
+            headers=tracing.with_trace_context(headers),
+            delay=delay,
+            json_default=self.json_default,
+        )
 
     def enqueue(self, port: TransactionPort, event: NewEvent, *, notify: bool) -> str:
         """Write ``event`` in the port's transaction; return its ``event_id``."""
+        self.check_transaction(port)
         self.check(port, event)
         first = port.first_event(self)
         statement, params = self.dialect.enqueue.call(event, notify=notify and first)
@@ -54,6 +88,7 @@ class Producer:
         """Write checked ``events`` in order, in a few statements."""
         if not events:
             return
+        self.check_transaction(port)
         first = port.first_event(self)
         calls = self.dialect.enqueue.many_calls(events, notify=notify and first, driver=port.driver)
         for statement, params in calls:
@@ -86,11 +121,11 @@ class Producer:
                     f"events[{i}]: {problem} (an event has topic, payload, key, headers, delay)"
                 )
             try:
-                event = build_new_event(
+                event = self.event(
                     spec["topic"],
                     spec["payload"],
                     key=spec.get("key"),
-                    headers=tracing.with_trace_context(spec.get("headers")),
+                    headers=spec.get("headers"),
                     delay=spec.get("delay"),
                 )
                 self.check(port, event)
@@ -99,18 +134,49 @@ class Producer:
             built.append(event)
         return built
 
+    def check_transaction(self, port: TransactionPort) -> None:
+        """Refuse a connection whose statements commit on their own: the event would too."""
+        if port.autocommit():
+            raise ConfigurationError(
+                "enqueue needs the caller's transaction, but this connection is in autocommit "
+                "mode: the event would be committed on its own, even if your business write "
+                "fails. Enqueue inside engine.begin() / session.begin(), or on a connection "
+                "without isolation_level='AUTOCOMMIT'"
+            )
+
     def check(self, port: TransactionPort, event: NewEvent) -> None:
-        """What this database cannot store is refused before anything is written."""
+        """What this database cannot store, or a missing table, is refused before any write."""
         storage = self.dialect.storage
-        if not storage.initialized:
+        bind = port.bind
+        engine = bind.engine if bind is not None else None
+        if not storage.initialized or engine not in self._tables_seen:
             with translate_errors("reading the server's capabilities"):
-                bind = port.bind
                 if bind is not None:
-                    storage.initialize(bind)
+                    self._first_look(bind)
                 else:
                     with self._fallback() as conn:
-                        storage.initialize(conn)
+                        self._first_look(conn)
+            if engine is not None:
+                self._tables_seen.add(engine)
         storage.check_event(event)
+
+    def _first_look(self, conn: Connection) -> None:
+        """Read the server's capabilities; refuse a missing table before its INSERT fails.
+
+        A failed INSERT would abort the caller's whole transaction on
+        PostgreSQL; this catalog read leaves it usable.
+        """
+        storage = self.dialect.storage
+        if not storage.initialized:
+            storage.initialize(conn)
+        table = self.dialect.table
+        if not sa.inspect(conn).has_table(table.name, schema=table.schema):
+            schema = f" --schema {table.schema}" if table.schema else ""
+            raise TableMissing(
+                f"enqueue: table {table.fullname!r} does not exist: create it with "
+                f"`outbox install --db <url> --table {table.name}{schema}` "
+                "(or Outbox.install(), or your migrations)"
+            )
 
     def _wake_after_commit(self, port: TransactionPort) -> None:
         """Wake this process's relays when the transaction commits (none: nothing to do)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -198,6 +199,59 @@ class CycleResult:
 #: tighter rule (RabbitMQ: a 255-byte routing key) applies it at publish.
 MAX_TOPIC = 255
 MAX_KEY = 255
+#: Deepest nesting of arrays and objects a payload or headers may have on any
+#: database (MySQL 8's own limit; Python's JSON parser, which relays and
+#: consumers use, fails far deeper). A dialect can set a lower one (MariaDB: 31).
+MAX_JSON_DEPTH = 100
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str, limit: int) -> int | None:
+    """The nesting depth of arrays and objects in the JSON ``text`` when over ``limit``, else None.
+
+    Fast for the usual payload: with no more brackets than ``limit`` it cannot
+    be deeper, and the text is not scanned. Brackets inside strings do not count.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest if deepest > limit else None
+
+
+def value_depth(value: Any) -> int:
+    """The nesting depth of lists and dicts in ``value``, walked without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen: set[int] = set()
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if id(item) in seen:
+            continue  # a circular reference: reported as such elsewhere
+        seen.add(id(item))
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _too_deep(name: str, depth: int, limit: int, where: str = "") -> str:
+    return (
+        f"{name} is nested {depth} deep (arrays and objects); the limit{where} is {limit}: "
+        "flatten it"
+    )
 
 
 def build_new_event(
@@ -207,8 +261,14 @@ def build_new_event(
     key: str | None = None,
     headers: Mapping[str, str] | None = None,
     delay: float | timedelta | None = None,
+    json_default: JsonDefault | None = None,
 ) -> NewEvent:
-    """Validate an event for ``enqueue``; raise :class:`EventError` naming what is wrong."""
+    """Validate an event for ``enqueue``; raise :class:`EventError` naming what is wrong.
+
+    ``json_default`` converts what JSON cannot hold (``json.dumps``'s
+    ``default``); every check then applies to the encoded result, which is
+    what the event carries.
+    """
     if not isinstance(topic, str) or not topic.strip():
         raise EventError("topic must be a non-empty string")
     if len(topic) > MAX_TOPIC:
@@ -220,7 +280,9 @@ def build_new_event(
         if len(key) > MAX_KEY:
             raise EventError(f"key is {len(key)} characters long; the limit is {MAX_KEY}")
         _check_text(key, "key")
-    payload_json = check_json(payload, "payload")
+    payload_json = check_json(payload, "payload", json_default)
+    if json_default is not None and _encoded(payload):
+        payload = json.loads(payload_json)  # the encoded value, as the database stores it
     clean_headers: dict[str, str] | None = None
     if headers is not None:
         if not isinstance(headers, Mapping):
@@ -271,12 +333,34 @@ def _delay_seconds(delay: float | timedelta | None) -> float:
     return float(seconds)
 
 
-def dump_json(value: Any) -> str:
+#: Converts a value JSON cannot hold into one it can (``json.dumps``'s ``default``).
+JsonDefault = Callable[[Any], Any]
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _encoded(value: Any) -> bool:
+    """Does ``value`` hold anything but JSON's own types (so an encoder changed it)?"""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif not isinstance(item, _PLAIN):
+            return True
+    return False
+
+
+def dump_json(value: Any, default: JsonDefault | None = None) -> str:
     """``value`` as JSON text: UTF-8 characters, not ``\\uXXXX`` escapes; NaN refused."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=default)
 
 
-def check_json(value: Any, name: str) -> str:
+def check_json(value: Any, name: str, default: JsonDefault | None = None) -> str:
     """``value`` as JSON text; :class:`PayloadError` naming the first field that is not JSON.
 
     Refused as well: text with a lone surrogate (half of a UTF-16 pair), which
@@ -284,14 +368,20 @@ def check_json(value: Any, name: str) -> str:
     ``json.dumps``; the walk that finds the field runs only when it fails.
     """
     try:
-        text = dump_json(value)
+        text = dump_json(value, default)
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         found = find_in_json(value, name, _surrogate)
         raise PayloadError(found or f"{name}: contains a lone surrogate") from exc
-    except (TypeError, ValueError, RecursionError) as exc:
-        path, reason = _find_bad(value, name, set())
+    except RecursionError as exc:
+        # Deeper than Python's own recursion: say how deep, walking without recursion.
+        raise PayloadError(_too_deep(name, value_depth(value), MAX_JSON_DEPTH)) from exc
+    except (TypeError, ValueError) as exc:
+        path, reason = _find_bad(value, name, set(), default)
         raise PayloadError(f"{path}: {reason}") from exc
+    depth = json_depth(text, MAX_JSON_DEPTH)
+    if depth is not None:
+        raise PayloadError(_too_deep(name, depth, MAX_JSON_DEPTH))
     return text
 
 
@@ -327,7 +417,9 @@ def find_in_json(value: Any, path: str, problem: Callable[[str, str], str | None
     return None
 
 
-def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
+def _find_bad(
+    value: Any, path: str, seen: set[int], default: JsonDefault | None = None
+) -> tuple[str, str]:
     if isinstance(value, float) and not math.isfinite(value):
         return path, f"{value!r} is not valid JSON (NaN and infinity are not allowed)"
     if value is None or isinstance(value, str | int | float | bool):
@@ -340,25 +432,36 @@ def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
             for k, v in value.items():
                 if not isinstance(k, str | int | float | bool) and k is not None:
                     return path, f"key {k!r} of type {type(k).__name__} is not a JSON object key"
-                found = _find_bad_or_none(v, f"{path}[{k!r}]", seen)
+                found = _find_bad_or_none(v, f"{path}[{k!r}]", seen, default)
                 if found:
                     return found
         else:
             for i, v in enumerate(value):
-                found = _find_bad_or_none(v, f"{path}[{i}]", seen)
+                found = _find_bad_or_none(v, f"{path}[{i}]", seen, default)
                 if found:
                     return found
         seen.discard(id(value))
         return path, "cannot be serialised to JSON"
+    if default is not None:
+        try:
+            converted = default(value)
+        except Exception as exc:  # the encoder's own refusal, named
+            return path, (
+                f"value of type {type(value).__name__} is not JSON serialisable and the "
+                f"json_default encoder refused it ({type(exc).__name__}: {exc})"
+            )
+        return _find_bad(converted, path, seen, default)
     return path, (
         f"value of type {type(value).__name__} is not JSON serialisable "
-        "(convert it to a string or number before enqueue)"
+        "(convert it before enqueue, or give the outbox a json_default encoder)"
     )
 
 
-def _find_bad_or_none(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
+def _find_bad_or_none(
+    value: Any, path: str, seen: set[int], default: JsonDefault | None
+) -> tuple[str, str] | None:
     try:
-        json.dumps(value, allow_nan=False)
+        json.dumps(value, allow_nan=False, default=default)
     except (TypeError, ValueError, RecursionError):
-        return _find_bad(value, path, seen)
+        return _find_bad(value, path, seen, default)
     return None

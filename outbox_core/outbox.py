@@ -19,13 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
-from outbox_core import tracing
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
-from outbox_core.message import build_new_event
+from outbox_core.message import JsonDefault
 from outbox_core.redaction import mask_url
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
@@ -119,6 +118,9 @@ class Outbox:
     ``mssql+pyodbc://...``, ``sqlite:///file.db``; async URLs are accepted and
     mapped to their sync driver for the relay) or an existing ``Engine``.
     The dialect comes from the URL's backend; ``dialect=`` overrides it.
+    ``json_default`` converts payload values JSON has no type for (``Decimal``,
+    ``datetime``, ``UUID``, dataclasses, pydantic models: see
+    :func:`outbox_core.encoding.encode_value`); every check applies to the result.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class Outbox:
         block_on_dead: bool = True,
         notify: bool = True,
         engine_options: Mapping[str, Any] | None = None,
+        json_default: JsonDefault | None = None,
     ) -> None:
         self.tables = OutboxTables.create(table, schema)
         #: The outbox's one set of settings: its relays run with them unless
@@ -156,7 +159,9 @@ class Outbox:
             )
         backend = dialect or self.url.get_backend_name()
         self.dialect: Dialect = get_dialect(backend)(self.tables)
-        self.producer = Producer(self.dialect, fallback=lambda: self.engine.connect())
+        self.producer = Producer(
+            self.dialect, fallback=lambda: self.engine.connect(), json_default=json_default
+        )
 
     @property
     def notify(self) -> bool:
@@ -244,8 +249,7 @@ class Outbox:
         is written.
         """
         port = SQLAlchemyTransaction.of(conn, "enqueue")
-        headers = tracing.with_trace_context(headers)
-        event = build_new_event(topic, payload, key=key, headers=headers, delay=delay)
+        event = self.producer.event(topic, payload, key=key, headers=headers, delay=delay)
         return self.producer.enqueue(port, event, notify=self.notify)
 
     def enqueue_many(

@@ -36,6 +36,9 @@ class TransactionPort(Protocol):
         None: the outbox reads them once on its own engine.
         """
 
+    def autocommit(self) -> bool:
+        """The connection commits each statement on its own (no transaction to join)."""
+
     def first_event(self, owner: object) -> bool:
         """True for the first call with ``owner`` in the current transaction, then False."""
 
@@ -81,6 +84,15 @@ class SQLAlchemyTransaction:
     def bind(self) -> Connection:
         """The connection itself."""
         return self.conn
+
+    def autocommit(self) -> bool:
+        """``isolation_level="AUTOCOMMIT"`` on the connection, or on the engine it came from."""
+        # SQLAlchemy's own test covers both; it is not public API, so the
+        # execution option (the connection's own setting) is the fallback.
+        is_autocommit = getattr(self.conn, "_is_autocommit_isolation", None)
+        if callable(is_autocommit):
+            return bool(is_autocommit())
+        return self.conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
 
     def first_event(self, owner: object) -> bool:
         """Marks kept in ``conn.info`` per owner, each naming the transaction it was sent in.

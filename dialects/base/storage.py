@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.errors import PayloadError
-from outbox_core.message import NewEvent, find_in_json
+from outbox_core.message import NewEvent, find_in_json, json_depth
 
 
 class StorageRules:
@@ -92,6 +92,21 @@ class StorageRules:
     #: :meth:`initialize` ran (it reads the server at most once).
     initialized: bool = False
 
+    #: Deepest nesting of arrays and objects the database's JSON takes, when lower
+    #: than the toolkit's own :data:`~outbox_core.message.MAX_JSON_DEPTH` (None: that one).
+    max_json_depth: int | None = None
+
+    def json_depth_problem(self, name: str, text: str) -> str | None:
+        """Why the JSON ``text`` of ``name`` is nested too deep for this database, or None."""
+        limit = self.max_json_depth
+        depth = json_depth(text, limit) if limit is not None else None
+        if depth is None:
+            return None
+        return (
+            f"{name} is nested {depth} deep (arrays and objects); this database's JSON "
+            f"takes at most {limit}: flatten it"
+        )
+
     def size_problem(self, event: NewEvent) -> str | None:
         """Why ``event`` is too large for this server, or None (see :meth:`initialize`)."""
         return None
@@ -115,6 +130,9 @@ class StorageRules:
                 problem = self.json_problem(name, value)
                 if problem:
                     raise PayloadError(problem)
+            problem = self.json_depth_problem(name, serialised) if serialised else None
+            if problem:
+                raise PayloadError(problem)
         problem = self.size_problem(event)
         if problem:
             raise PayloadError(problem)

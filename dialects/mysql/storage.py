@@ -71,6 +71,9 @@ class MysqlStorage(StorageRules):
         if self.initialized:
             return
         self.mariadb = is_mariadb(conn)
+        # MariaDB's JSON_VALID (the column's CHECK) refuses 32 nested arrays or
+        # objects; MySQL 8 takes 100, the toolkit's own limit.
+        self.max_json_depth = 31 if self.mariadb else None
         self.max_packet = int(
             conn.execute(sa.select(sa.literal_column("@@max_allowed_packet"))).scalar_one()
         )

@@ -142,14 +142,12 @@ class TargetLimits:
         if value is None or not self.dialect.storage.parses_json:
             return None
         try:
-            text = check_json(value, name)  # not JSON, or a lone surrogate: named
+            text = check_json(value, name)  # not JSON, too deep, a lone surrogate: named
         except PayloadError as exc:
             return str(exc)
-        return (
-            self.dialect.storage.json_problem(name, value)
-            if self.dialect.storage.json_suspect(text)
-            else None
-        )
+        storage = self.dialect.storage
+        found = storage.json_problem(name, value) if storage.json_suspect(text) else None
+        return found or storage.json_depth_problem(name, text)
 
 
 def _unencodable(value: str, codec: str) -> str | None:

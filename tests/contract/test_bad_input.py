@@ -1,0 +1,213 @@
+"""Bad input gets the toolkit's own error; nothing is written; the transaction stays usable.
+
+- a connection in autocommit mode is refused: the event could not roll back
+  with the business write;
+- a payload nested deeper than the toolkit (100) or the database (MariaDB: 31)
+  takes is a ``PayloadError`` naming the depth, never a ``RecursionError`` or
+  the server's raw CHECK failure; ``outbox migrate --check-only`` finds it;
+- a missing outbox table is ``TableMissing`` naming ``outbox install``;
+- ``Outbox(json_default=...)`` encodes Decimal, datetime, UUID, dataclasses and
+  pydantic models, and every check applies to the encoded result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core import Outbox
+from outbox_core.encoding import encode_value
+from outbox_core.errors import ConfigurationError, PayloadError, TableMissing
+from tests.contract.test_migrate import Make, cli, make, run  # noqa: F401 - the fixture
+
+
+def count(outbox: Outbox) -> int:
+    with outbox.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(outbox.table)).scalar_one())
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# -- autocommit cannot be atomic ----------------------------------------------------------
+
+
+def test_an_autocommit_connection_is_refused_and_nothing_is_written(outbox: Outbox) -> None:
+    with outbox.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        with pytest.raises(ConfigurationError, match="autocommit"):
+            outbox.enqueue(conn, "t", {"n": 1})
+        with pytest.raises(ConfigurationError, match="autocommit"):
+            outbox.enqueue_many(conn, [{"topic": "t", "payload": {}}])
+    assert count(outbox) == 0
+
+
+def test_an_engine_made_autocommit_is_refused(outbox: Outbox) -> None:
+    engine = sa.create_engine(outbox.engine.url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn, pytest.raises(ConfigurationError, match="autocommit"):
+            outbox.enqueue(conn, "t", {"n": 1})
+    finally:
+        engine.dispose()
+    assert count(outbox) == 0
+
+
+def test_a_connection_that_begins_on_its_first_statement_is_accepted(outbox: Outbox) -> None:
+    with outbox.engine.connect() as conn:
+        outbox.enqueue(conn, "t", {"n": 1})
+        conn.rollback()
+        outbox.enqueue(conn, "t", {"n": 2})
+        conn.commit()
+    assert count(outbox) == 1
+
+
+# -- nesting depth ---------------------------------------------------------------------------
+
+
+def test_a_payload_nested_1000_deep_is_a_payload_error_naming_the_depth(outbox: Outbox) -> None:
+    with outbox.engine.connect() as conn, conn.begin():
+        with pytest.raises(PayloadError, match=r"nested 1000 deep .* limit is 100"):
+            outbox.enqueue(conn, "t", nested(1000))
+        with pytest.raises(PayloadError, match=r"nested 101 deep"):
+            outbox.enqueue(conn, "t", {"deep": nested(100)})
+        outbox.enqueue(conn, "t", nested(20))  # the transaction is still usable
+    assert count(outbox) == 1
+
+
+def test_each_database_takes_the_depths_it_can_store(outbox: Outbox, backend: str) -> None:
+    """MariaDB's JSON refuses 32 nested arrays: refused at enqueue, by the toolkit."""
+    with outbox.engine.connect() as conn:
+        mariadb = outbox.dialect.server_info(conn).product == "MariaDB"
+    with outbox.engine.begin() as conn:
+        outbox.enqueue(conn, "t", nested(31))
+        if mariadb:
+            with pytest.raises(PayloadError, match=r"nested 32 deep .* at most 31"):
+                outbox.enqueue(conn, "t", nested(32))
+        else:
+            outbox.enqueue(conn, "t", nested(32))
+    assert count(outbox) == (1 if mariadb else 2)
+
+
+@pytest.mark.needs_server
+def test_migrate_check_only_finds_what_the_target_cannot_nest(make: Make) -> None:  # noqa: F811
+    source = make("postgresql")
+    target = make("mysql")
+    with target.engine.connect() as conn:
+        if target.dialect.server_info(conn).product != "MariaDB":
+            pytest.skip("MySQL 8 takes 100 nested arrays, as the toolkit does")
+    with source.engine.begin() as conn:
+        deep = source.enqueue(conn, "t", {"tree": nested(40)})
+    check = run(cli(source, target, "--check-only"))
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert f"event {deep}" in check.stdout and "nested" in check.stdout, check.stdout
+    assert count(target) == 0
+
+
+# -- a missing table -------------------------------------------------------------------------
+
+
+def test_a_missing_table_is_table_missing_and_the_transaction_stays_usable(
+    db_url: str, table_name: str
+) -> None:
+    outbox = Outbox(db_url, table=table_name)  # never installed
+    try:
+        with outbox.engine.connect() as conn, conn.begin():
+            with pytest.raises(TableMissing, match="outbox install"):
+                outbox.enqueue(conn, "t", {"n": 1})
+            with pytest.raises(TableMissing, match="outbox install"):
+                outbox.enqueue_many(conn, [{"topic": "t", "payload": {}}])
+            # A refused INSERT would have aborted the transaction on PostgreSQL.
+            assert conn.execute(sa.select(sa.literal(1))).scalar_one() == 1
+    finally:
+        outbox.dispose()
+
+
+# -- the payload encoder hook ------------------------------------------------------------------
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Line:
+    sku: str
+    price: decimal.Decimal
+
+
+def test_json_default_encodes_everyday_values_and_the_relay_publishes_them(
+    db_url: str, table_name: str
+) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Customer(pydantic.BaseModel):  # type: ignore[misc,name-defined]
+        id: uuid.UUID
+        since: dt.date
+
+    order_id = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    payload = {
+        "id": order_id,
+        "total": decimal.Decimal("12.50"),
+        "at": dt.datetime(2026, 11, 24, 10, 0, tzinfo=dt.UTC),
+        "colour": Colour.RED,
+        "lines": [Line("a-1", decimal.Decimal("1.10"))],
+        "customer": Customer(id=order_id, since=dt.date(2020, 1, 2)),
+    }
+    plain = Outbox(db_url, table=table_name)
+    plain.install()
+    outbox = Outbox(db_url, table=table_name, json_default=encode_value)
+    queue = MemoryQueue(f"encoded-{table_name}")
+    try:
+        with plain.engine.begin() as conn, pytest.raises(PayloadError, match="json_default"):
+            plain.enqueue(conn, "order.created", payload)
+        with outbox.engine.begin() as conn:
+            outbox.enqueue(conn, "order.created", payload)
+            outbox.enqueue_many(conn, [{"topic": "order.created", "payload": payload}])
+        relay = outbox.relay(MemoryBroker(queue))
+        while relay.run_once().claimed:
+            pass
+        relay.close()
+    finally:
+        plain.tables.metadata.drop_all(plain.engine)
+        plain.dispose()
+        outbox.dispose()
+    expected = {
+        "id": str(order_id),
+        "total": "12.50",
+        "at": "2026-11-24T10:00:00+00:00",
+        "colour": "red",
+        "lines": [{"sku": "a-1", "price": "1.10"}],
+        "customer": {"id": str(order_id), "since": "2020-01-02"},
+    }
+    assert [e.payload for e in queue.snapshot()] == [expected, expected]
+
+
+def test_every_check_applies_to_the_encoded_result(outbox: Outbox, db_url: str) -> None:
+    class Opaque:
+        pass
+
+    deep = Outbox(db_url, table=outbox.table.name, json_default=lambda value: nested(200))
+    refusing = Outbox(db_url, table=outbox.table.name, json_default=encode_value)
+    try:
+        with deep.engine.begin() as conn, pytest.raises(PayloadError, match="nested"):
+            deep.enqueue(conn, "t", {"x": Opaque()})
+        with (
+            refusing.engine.begin() as conn,
+            pytest.raises(PayloadError, match=r"payload\['x'\].*encoder refused"),
+        ):
+            refusing.enqueue(conn, "t", {"x": Opaque()})
+    finally:
+        deep.dispose()
+        refusing.dispose()
+    assert count(outbox) == 0
