@@ -111,6 +111,9 @@ def test_migrate_check_only_finds_what_the_target_cannot_nest(make: Make) -> Non
     check = run(cli(source, target, "--check-only"))
     assert check.returncode == 2, check.stdout + check.stderr
     assert f"event {deep}" in check.stdout and "nested" in check.stdout, check.stdout
+    copy = run(cli(source, target))  # the copy itself names the event, writes nothing
+    assert copy.returncode != 0
+    assert f"event {deep}" in copy.stdout + copy.stderr and "nested" in copy.stdout + copy.stderr
     assert count(target) == 0
 
 
