@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
-from outbox_core.errors import BrokerError, UnknownBroker
+from outbox_core.errors import BrokerError, ConfigurationError, UnknownBroker
 from outbox_core.message import Event, Outcome
 from outbox_core.plugins import PluginBroken, PluginImportFailed, PluginNotFound, PluginRegistry
+from outbox_core.redaction import mask_url
 
 
 class Broker(ABC):
@@ -122,9 +123,24 @@ def create_broker(url: str, **options: Any) -> Broker:
     :func:`register_broker`'s, then in the ``outbox_core.brokers`` entry
     points of installed packages.
     """
+    check_broker_url(url)
     scheme = urlsplit(url).scheme.lower()
     cls = _broker_class(scheme, url)
     return cls.from_url(url, **options)
+
+
+def check_broker_url(url: str) -> None:
+    """Refuse a broker URL without ``://`` (``amqp//user:pw@host``), by name and masked.
+
+    Without it the scheme cannot be found, and the parsers' own complaints
+    would name the wrong part of the URL.
+    """
+    if "://" not in url:
+        raise ConfigurationError(
+            f"invalid broker URL {mask_url(url)!r}: '://' is missing after the scheme "
+            "(e.g. amqp://user@host:5672/vhost); supported: "
+            + ", ".join(f"{s}://" for s in known_schemes())
+        )
 
 
 def _broker_class(scheme: str, url: str) -> type[Broker]:
@@ -137,7 +153,7 @@ def _broker_class(scheme: str, url: str) -> type[Broker]:
             f"the {scheme}:// broker needs a missing package ({exc.cause}){hint}"
         ) from exc
     except PluginNotFound:
-        shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
+        shown = f"{scheme}://" if scheme else repr(mask_url(url))
         raise UnknownBroker(
             f"unknown broker URL scheme {shown}; supported: "
             + ", ".join(f"{s}://" for s in known_schemes())

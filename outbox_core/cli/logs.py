@@ -12,7 +12,7 @@ from outbox_core.redaction import redact
 
 
 class RedactingFilter(logging.Filter):
-    """Masks ``scheme://user:password@`` in every log record, whoever logged it."""
+    """Masks ``user:password@`` (any URL shape) in every log record, whoever logged it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record's message with passwords masked."""
@@ -38,7 +38,8 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in vars(record).items():
             if key not in self._STANDARD:
-                data[key] = value
+                # extra fields are masked too: a URL may travel in one
+                data[key] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
             data["exception"] = redact(self.formatException(record.exc_info))
         return json.dumps(data, default=str)

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from outbox_core.brokers.base import check_broker_url
 from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
 from outbox_core.errors import ConfigurationError
 from outbox_core.redaction import mask_url
@@ -56,6 +57,8 @@ def relay(
             "no broker URL: pass --broker, set OUTBOX_BROKER_URL, or broker_url in outbox.toml"
         )
     options = parse_broker_options(broker_options)
+    # A broker URL missing '://' is refused before anything is logged or opened.
+    check_broker_url(settings.broker_url)
     outbox = open_outbox(settings)
     logging.getLogger("outbox.relay").info(
         "relaying %s -> %s",
