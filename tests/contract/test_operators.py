@@ -148,8 +148,8 @@ def test_status_takes_broker_options_and_probes_that_exchange(sqlite_db: str) ->
     assert down.returncode == 1, down.stdout + down.stderr
     assert f"DOWN: checking exchange '{missing}'" in down.stdout
     assert "NOT_FOUND" in down.stdout
-    # As the README shows it: the exchange the relay uses (amq.* exchanges always exist).
-    up = run("status", "--db", sqlite_db, "--broker", url, "--broker-option", "exchange=amq.topic")
+    # As the README shows it: the exchange the relay publishes to (its default, "outbox").
+    up = run("status", "--db", sqlite_db, "--broker", url, "--broker-option", "exchange=outbox")
     assert up.returncode == 0, up.stdout + up.stderr
     assert ": up" in up.stdout
     bad = run("status", "--db", sqlite_db, "--broker", url, "--broker-option", "exchange")
