@@ -23,6 +23,14 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, the whole line masked (a traceback's URLs too)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as text, then mask any ``user:password@`` in it."""
+        return redact(super().format(record))
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the record's ``extra`` fields."""
 
@@ -52,7 +60,7 @@ def setup_logging(verbose: int, json_logs: bool) -> None:
     handler.setFormatter(
         JsonFormatter()
         if json_logs
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

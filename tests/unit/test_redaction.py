@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from outbox_core.brokers.base import create_broker
-from outbox_core.cli.logs import JsonFormatter, RedactingFilter
+from outbox_core.cli.logs import JsonFormatter, RedactingFilter, setup_logging
 from outbox_core.errors import ConfigurationError
 from outbox_core.outbox import sync_url
 from outbox_core.redaction import mask_url, redact
@@ -100,3 +100,20 @@ def test_a_database_url_without_scheme_separator_is_its_own_error(url: str) -> N
     with pytest.raises(ConfigurationError, match="'://' is missing after the scheme") as info:
         sync_url(url)
     assert "S3cr3t" not in str(info.value) and "***" in str(info.value)
+
+
+def test_text_log_lines_mask_tracebacks_too(capsys: pytest.CaptureFixture[str]) -> None:
+    root, outbox = logging.getLogger(), logging.getLogger("outbox")
+    saved = (root.handlers[:], root.level, outbox.level)
+    setup_logging(verbose=0, json_logs=False)
+    try:
+        raise ConnectionError("cannot reach amqp//app:S3cr3t@rabbit:5672/%2F")
+    except ConnectionError:
+        logging.getLogger("outbox.relay").exception("publishing failed")
+    finally:
+        root.handlers[:], _, _ = saved
+        root.setLevel(saved[1])
+        outbox.setLevel(saved[2])
+    err = capsys.readouterr().err
+    assert "publishing failed" in err and "ConnectionError" in err
+    assert "S3cr3t" not in err and "amqp//app:***@rabbit" in err
