@@ -13,14 +13,18 @@ the broker answers (docs/design.md, Liveness).
 
 from __future__ import annotations
 
+import logging
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
-from outbox_core.errors import BrokerError, UnknownBroker
+from outbox_core.errors import BrokerError, ConfigurationError, UnknownBroker
 from outbox_core.message import Event, Outcome
 from outbox_core.plugins import PluginBroken, PluginImportFailed, PluginNotFound, PluginRegistry
+from outbox_core.redaction import mask_url
 
 
 class Broker(ABC):
@@ -36,6 +40,10 @@ class Broker(ABC):
     #: (concurrent requests) makes the relay send a key's next event only after the
     #: previous one was accepted.
     keeps_batch_order: ClassVar[bool] = True
+    #: The client library's loggers, quieted while the broker is probed
+    #: (:func:`probe_quietly`): pika logs several ERROR lines for every refused
+    #: connection, and the relay's one outage line already says it.
+    quiet_loggers: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
@@ -76,6 +84,40 @@ class Broker(ABC):
     def from_url(cls, url: str, **options: Any) -> Broker:
         """Create the broker from its URL and options."""
         raise NotImplementedError(f"{cls.__name__} cannot be created from a URL")
+
+
+_quiet_lock = threading.Lock()
+_quiet_depth: dict[str, int] = {}
+_saved_levels: dict[str, int] = {}
+
+
+@contextmanager
+def quieted(names: Sequence[str]) -> Iterator[None]:
+    """Silence the loggers ``names`` (below CRITICAL) inside the block, on every thread."""
+    with _quiet_lock:
+        for name in names:
+            if _quiet_depth.get(name, 0) == 0:
+                _saved_levels[name] = logging.getLogger(name).level
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+            _quiet_depth[name] = _quiet_depth.get(name, 0) + 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            for name in names:
+                _quiet_depth[name] -= 1
+                if _quiet_depth[name] == 0:
+                    logging.getLogger(name).setLevel(_saved_levels.pop(name))
+
+
+def probe_quietly(broker: Broker) -> str | None:
+    """``broker.probe()`` with its client library's loggers quieted (:attr:`Broker.quiet_loggers`).
+
+    A failed probe is then one line, the caller's, instead of the client's
+    own ERROR lines around it.
+    """
+    with quieted(broker.quiet_loggers):
+        return broker.probe()
 
 
 #: URL scheme -> "module:Class"; imported only when used, so pika or httpx
@@ -122,9 +164,24 @@ def create_broker(url: str, **options: Any) -> Broker:
     :func:`register_broker`'s, then in the ``outbox_core.brokers`` entry
     points of installed packages.
     """
+    check_broker_url(url)
     scheme = urlsplit(url).scheme.lower()
     cls = _broker_class(scheme, url)
     return cls.from_url(url, **options)
+
+
+def check_broker_url(url: str) -> None:
+    """Refuse a broker URL without ``://`` (``amqp//user:pw@host``), by name and masked.
+
+    Without it the scheme cannot be found, and the parsers' own complaints
+    would name the wrong part of the URL.
+    """
+    if "://" not in url:
+        raise ConfigurationError(
+            f"invalid broker URL {mask_url(url)!r}: '://' is missing after the scheme "
+            "(e.g. amqp://user@host:5672/vhost); supported: "
+            + ", ".join(f"{s}://" for s in known_schemes())
+        )
 
 
 def _broker_class(scheme: str, url: str) -> type[Broker]:
@@ -137,7 +194,7 @@ def _broker_class(scheme: str, url: str) -> type[Broker]:
             f"the {scheme}:// broker needs a missing package ({exc.cause}){hint}"
         ) from exc
     except PluginNotFound:
-        shown = f"{scheme}://" if scheme else repr(url.split("@")[-1])
+        shown = f"{scheme}://" if scheme else repr(mask_url(url))
         raise UnknownBroker(
             f"unknown broker URL scheme {shown}; supported: "
             + ", ".join(f"{s}://" for s in known_schemes())

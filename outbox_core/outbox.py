@@ -60,13 +60,24 @@ _EXTRAS = {
 
 
 def sync_url(url: str | URL) -> URL:
-    """The URL with a sync driver the toolkit supports (the relay is synchronous)."""
+    """The URL with a sync driver the toolkit supports (the relay is synchronous).
+
+    A URL without ``://`` (``postgresql+psycopg//user:pw@host``, a typo) is
+    refused first, by name and masked, before a parser can echo it whole.
+    """
+    if isinstance(url, str) and "://" not in url:
+        raise ConfigurationError(
+            f"invalid database URL {mask_url(url)!r}: '://' is missing after the scheme "
+            "(e.g. postgresql+psycopg://user@host/db)"
+        )
     try:
         parsed = make_url(url)
     except (sa.exc.ArgumentError, ValueError) as exc:
         # ValueError: a port that is not a number ("invalid literal for int()").
         reason = "the port must be a number" if "int()" in str(exc) else str(exc)
-        raise ConfigurationError(f"invalid database URL {mask_url(url)!r}: {reason}") from None
+        raise ConfigurationError(
+            f"invalid database URL {mask_url(url)!r}: {mask_url(reason)}"
+        ) from None
     target = SYNC_DRIVERS.get(parsed.drivername)
     return parsed.set(drivername=target) if target else parsed
 

@@ -107,6 +107,7 @@ class RabbitMQBroker(Broker):
     #: batch is then lost (an outage, unless the server closed the channel
     #: over a message: see ``_settle``).
     unavailable_errors = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError)
+    quiet_loggers = ("pika",)
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from typing import Any
 
@@ -11,13 +12,16 @@ import click
 
 from outbox_core.cli.options import (
     DIALECT_NAMES,
+    broker_option,
     db_options,
     handle_errors,
     open_outbox,
+    parse_broker_options,
     probe_broker,
     settings_from,
 )
 from outbox_core.cli.render import render_status
+from outbox_core.errors import ConfigurationError
 from outbox_core.fields import parse_duration
 from outbox_core.redaction import mask_url
 from outbox_core.schema import OutboxTables
@@ -53,21 +57,37 @@ def schema(dialect: str, table: str, schema: str | None) -> None:
 @click.option(
     "--broker",
     "broker_url",
-    help="Also probe this broker (up or down, and why) [env OUTBOX_BROKER_URL].",
+    help="Also probe this broker (up or down, and why; exit 1 when down) [env OUTBOX_BROKER_URL].",
 )
+@broker_option
 @handle_errors
-def status(config_file: str | None, as_json: bool, watch: float | None, **values: Any) -> None:
-    """Counts per state, oldest pending age, rates, dead events per topic, the broker."""
+def status(
+    config_file: str | None,
+    as_json: bool,
+    watch: float | None,
+    broker_options: tuple[str, ...],
+    **values: Any,
+) -> None:
+    """Counts per state, oldest pending age, rates, dead events per topic, the broker.
+
+    Exits 1 when the broker given with ``--broker`` does not answer, so a
+    health check or a script can tell.
+    """
     settings = settings_from(config_file, **values)
+    options = parse_broker_options(broker_options)
     outbox = open_outbox(settings)
     try:
         while True:
             result = outbox.status()
+            broker = None
             if settings.broker_url:
-                result = dataclasses.replace(result, broker=probe_broker(settings.broker_url))
+                broker = probe_broker(settings.broker_url, options)
+                result = dataclasses.replace(result, broker=broker)
             text = json.dumps(result.as_dict()) if as_json else render_status(result)
             if watch is None:
                 click.echo(text)
+                if broker is not None and not broker["up"]:
+                    sys.exit(1)
                 return
             if not as_json:
                 click.clear()
@@ -117,7 +137,12 @@ def replay(
     all_dead: bool,
     **values: Any,
 ) -> None:
-    """Return dead events to pending, attempts reset."""
+    """Return dead events to pending, attempts reset (--id, --topic, --key or --all)."""
+    if not (ids or topic or key or all_dead):
+        raise ConfigurationError(
+            "replay needs a selector: --id ID (repeatable), --topic TOPIC, --key KEY, "
+            "or --all for every dead event"
+        )
     outbox = open_outbox(settings_from(config_file, **values))
     n = outbox.replay(ids=list(ids) or None, topic=topic, key=key, all=all_dead)
     click.echo(f"replayed {n} dead events")

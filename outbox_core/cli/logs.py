@@ -12,7 +12,7 @@ from outbox_core.redaction import redact
 
 
 class RedactingFilter(logging.Filter):
-    """Masks ``scheme://user:password@`` in every log record, whoever logged it."""
+    """Masks ``user:password@`` (any URL shape) in every log record, whoever logged it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record's message with passwords masked."""
@@ -21,6 +21,14 @@ class RedactingFilter(logging.Filter):
         if masked != message:
             record.msg, record.args = masked, None
         return True
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, the whole line masked (a traceback's URLs too)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as text, then mask any ``user:password@`` in it."""
+        return redact(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -38,7 +46,8 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in vars(record).items():
             if key not in self._STANDARD:
-                data[key] = value
+                # extra fields are masked too: a URL may travel in one
+                data[key] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
             data["exception"] = redact(self.formatException(record.exc_info))
         return json.dumps(data, default=str)
@@ -51,7 +60,7 @@ def setup_logging(verbose: int, json_logs: bool) -> None:
     handler.setFormatter(
         JsonFormatter()
         if json_logs
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

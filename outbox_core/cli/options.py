@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from outbox_core.brokers.base import create_broker
+from outbox_core.brokers.base import create_broker, probe_quietly
 from outbox_core.config import Settings, load_settings
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.outbox import Outbox
@@ -81,11 +81,33 @@ def open_outbox(settings: Settings) -> Outbox:
     )
 
 
-def probe_broker(url: str) -> dict[str, Any]:
+def broker_option(func: F) -> F:
+    """``--broker-option KEY=VALUE`` (repeatable), shared by ``relay`` and ``status``."""
+    return click.option(
+        "--broker-option",
+        "broker_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Broker option, repeatable (e.g. exchange=events).",
+    )(func)
+
+
+def parse_broker_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--broker-option KEY=VALUE`` pairs as keyword arguments of the broker."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"--broker-option takes KEY=VALUE, got {item!r}")
+        options[key.replace("-", "_")] = value
+    return options
+
+
+def probe_broker(url: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Whether the broker answers (connecting only: nothing is published)."""
-    broker = create_broker(url)
+    broker = create_broker(url, **(options or {}))
     try:
-        problem = broker.probe()
+        problem = probe_quietly(broker)
     finally:
         broker.close()
     return {"url": mask_url(url), "up": problem is None, "error": problem}

@@ -9,7 +9,15 @@ from typing import Any
 
 import click
 
-from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
+from outbox_core.brokers.base import check_broker_url
+from outbox_core.cli.options import (
+    broker_option,
+    db_options,
+    handle_errors,
+    open_outbox,
+    parse_broker_options,
+    settings_from,
+)
 from outbox_core.errors import ConfigurationError
 from outbox_core.redaction import mask_url
 
@@ -17,13 +25,7 @@ from outbox_core.redaction import mask_url
 @click.command()
 @db_options
 @click.option("--broker", "broker_url", help="Broker URL [env OUTBOX_BROKER_URL].")
-@click.option(
-    "--broker-option",
-    "broker_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Broker option, repeatable (e.g. exchange=events).",
-)
+@broker_option
 @click.option("--batch-size", type=int)
 @click.option("--lease", help="Lease per claim, e.g. 30s.")
 @click.option("--poll-interval", help="Idle poll interval, e.g. 200ms.")
@@ -56,6 +58,8 @@ def relay(
             "no broker URL: pass --broker, set OUTBOX_BROKER_URL, or broker_url in outbox.toml"
         )
     options = parse_broker_options(broker_options)
+    # A broker URL missing '://' is refused before anything is logged or opened.
+    check_broker_url(settings.broker_url)
     outbox = open_outbox(settings)
     logging.getLogger("outbox.relay").info(
         "relaying %s -> %s",
@@ -63,7 +67,7 @@ def relay(
         mask_url(settings.broker_url),
     )
     # The broker's URL and options first (a mistake there needs no database),
-    # then the database and the table; the broker connects on its first batch.
+    # then the database and the table; run() probes the broker before its first claim.
     relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
     try:
         outbox.check(ordered=settings.ordered)
@@ -94,14 +98,3 @@ def relay(
     finally:
         if server is not None:
             server.stop()
-
-
-def parse_broker_options(items: tuple[str, ...]) -> dict[str, Any]:
-    """``--broker-option KEY=VALUE`` pairs as keyword arguments of the broker."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigurationError(f"--broker-option takes KEY=VALUE, got {item!r}")
-        options[key.replace("-", "_")] = value
-    return options

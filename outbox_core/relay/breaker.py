@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox_core.brokers.base import Broker
+from outbox_core.brokers.base import Broker, probe_quietly
 from outbox_core.message import Outcome
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.retry import Backoff
@@ -78,13 +78,25 @@ class Breaker:
         log.debug("broker still unavailable: %s", error)
         return False
 
+    def probe_at_start(self) -> None:
+        """Probe the broker once before the first claim, so a wrong host, port or
+        vhost is logged (once) and shown on ``/healthz`` at start, not when
+        events first arrive. A broker that does not answer is an outage: the
+        relay keeps running and probes with backoff until it does.
+        """
+        error = self._probe()
+        self.probed_at = time.time()
+        if error is not None:
+            self._change(BrokerState(up=False, error=error), at_start=True)
+            self._probe_at = time.monotonic() + self._waits.next()
+
     def until_probe(self) -> float:
         """Seconds until the next probe is due (0 when it is)."""
         return max(0.0, self._probe_at - time.monotonic())
 
     def _probe(self) -> str | None:
         try:
-            return self.broker.probe()
+            return probe_quietly(self.broker)
         except Exception as exc:  # a broker must not raise; treat it as down
             log.exception("probing the broker raised")
             return f"probe failed: {type(exc).__name__}: {exc}"
@@ -100,10 +112,16 @@ class Breaker:
             self._change(BrokerState(up=False, error=error))
         self._probe_at = time.monotonic() + self._waits.next()
 
-    def _change(self, state: BrokerState) -> None:
+    def _change(self, state: BrokerState, *, at_start: bool = False) -> None:
         previous = self.state
         self.state = state
-        if state.up:
+        if at_start:
+            log.error(
+                "broker unavailable at start: %s; nothing is claimed until it answers, "
+                "probing the broker with backoff",
+                state.error,
+            )
+        elif state.up:
             log.info(
                 "broker answers again after %.1fs down; claiming resumed",
                 state.since - previous.since,

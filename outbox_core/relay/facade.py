@@ -351,6 +351,7 @@ class Relay:
                     self.settings.lease,
                     ", ordered" if self.settings.ordered else "",
                 )
+                self.breaker.probe_at_start()
                 self._run_threads()
         finally:
             self.close()
