@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from outbox_core.errors import ConfigurationError
-from outbox_core.fields import checked, convert_fields, from_values
+from outbox_core.fields import checked, convert_fields, from_values, setting
+
+#: ``Settings.max_payload_bytes`` by default: RabbitMQ's default message limit here.
+DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 
 
 @checked
@@ -59,6 +62,10 @@ class Settings:
     cleanup_batch: int = 1000
     #: How often expired leases are returned to pending.
     reap_interval: float = 5.0
+    #: Largest payload (with its headers, as UTF-8 JSON) ``enqueue`` accepts; None:
+    #: no limit of the outbox's own. Brokers have theirs: RabbitMQ 16 MiB (the
+    #: broker's ``max_message_size``), Kafka and NATS 1 MiB by default.
+    max_payload_bytes: int | None = setting(DEFAULT_MAX_PAYLOAD, minimum=1)
 
     def __post_init__(self) -> None:
         if self.lease <= 0:

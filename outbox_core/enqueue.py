@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from outbox_core import tracing
-from outbox_core.errors import ConfigurationError, EventError, TableMissing, translate_errors
+from outbox_core.errors import (
+    ConfigurationError,
+    EventError,
+    PayloadError,
+    TableMissing,
+    translate_errors,
+)
 from outbox_core.message import JsonDefault, NewEvent, build_new_event
 from outbox_core.transaction import TransactionPort
 
@@ -42,8 +48,11 @@ class Producer:
         *,
         fallback: Callable[[], Connection],
         json_default: JsonDefault | None = None,
+        max_payload_bytes: int | None = None,
     ) -> None:
         self.dialect = dialect
+        #: Largest payload with its headers, as UTF-8 JSON (None: no bound of the outbox's own).
+        self.max_payload_bytes = max_payload_bytes
         #: Converts payload values JSON cannot hold (``Outbox(json_default=...)``).
         self.json_default = json_default
         #: Where the server's capabilities are read when a port has no SQLAlchemy
@@ -158,7 +167,23 @@ class Producer:
                         self._first_look(conn)
             if engine is not None:
                 self._tables_seen.add(engine)
+        self._check_size(event)
         storage.check_event(event)
+
+    def _check_size(self, event: NewEvent) -> None:
+        limit = self.max_payload_bytes
+        headers = event.headers_json or ""
+        # A character is at most 4 bytes of UTF-8: most payloads need no encoding here.
+        if limit is None or 4 * (len(event.payload_json) + len(headers)) <= limit:
+            return
+        size = len(event.payload_json.encode("utf-8")) + len(headers.encode("utf-8"))
+        if size > limit:
+            raise PayloadError(
+                f"payload is {size:,} bytes as UTF-8 JSON with its headers; this outbox takes "
+                f"at most {limit:,} (max_payload_bytes): store the body elsewhere and enqueue "
+                "a reference, or raise max_payload_bytes where your broker takes more "
+                "(RabbitMQ: max_message_size, 16 MiB by default; Kafka and NATS: 1 MiB)"
+            )
 
     def _first_look(self, conn: Connection) -> None:
         """Read the server's capabilities; refuse a missing table before its INSERT fails.

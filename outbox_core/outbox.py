@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
 from outbox_core.brokers.base import Broker, create_broker
-from outbox_core.config import Settings
+from outbox_core.config import DEFAULT_MAX_PAYLOAD, Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
@@ -132,6 +132,8 @@ class Outbox:
     ``json_default`` converts payload values JSON has no type for (``Decimal``,
     ``datetime``, ``UUID``, dataclasses, pydantic models: see
     :func:`outbox_core.encoding.encode_value`); every check applies to the result.
+    ``max_payload_bytes`` bounds a payload with its headers as UTF-8 JSON (16
+    MiB by default; None: no bound of the outbox's own).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class Outbox:
         notify: bool = True,
         engine_options: Mapping[str, Any] | None = None,
         json_default: JsonDefault | None = None,
+        max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
     ) -> None:
         self.tables = OutboxTables.create(table, schema)
         #: The outbox's one set of settings: its relays run with them unless
@@ -152,7 +155,11 @@ class Outbox:
         #: caller's transaction, relays LISTEN) can be turned off under very heavy
         #: write load (NOTIFY takes a global lock at commit).
         self.settings = Settings(
-            table=table, schema=schema, block_on_dead=block_on_dead, notify=notify
+            table=table,
+            schema=schema,
+            block_on_dead=block_on_dead,
+            notify=notify,
+            max_payload_bytes=max_payload_bytes,
         )
         self._engine: Engine | None = None
         self._owns_engine = False
@@ -171,7 +178,10 @@ class Outbox:
         backend = dialect or self.url.get_backend_name()
         self.dialect: Dialect = get_dialect(backend)(self.tables)
         self.producer = Producer(
-            self.dialect, fallback=lambda: self.engine.connect(), json_default=json_default
+            self.dialect,
+            fallback=lambda: self.engine.connect(),
+            json_default=json_default,
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     @property

@@ -5,6 +5,7 @@
 - a payload nested deeper than the toolkit (100) or the database (MariaDB: 31)
   takes is a ``PayloadError`` naming the depth, never a ``RecursionError`` or
   the server's raw CHECK failure; ``outbox migrate --check-only`` finds it;
+- a payload over ``max_payload_bytes`` (16 MiB by default) is refused at enqueue;
 - a missing outbox table is ``TableMissing`` naming ``outbox install``;
 - ``Outbox(json_default=...)`` encodes Decimal, datetime, UUID, dataclasses and
   pydantic models, and every check applies to the encoded result.
@@ -115,6 +116,37 @@ def test_migrate_check_only_finds_what_the_target_cannot_nest(make: Make) -> Non
     assert copy.returncode != 0
     assert f"event {deep}" in copy.stdout + copy.stderr and "nested" in copy.stdout + copy.stderr
     assert count(target) == 0
+
+
+# -- payload size ----------------------------------------------------------------------------
+
+
+def test_a_payload_over_max_payload_bytes_is_refused_at_enqueue(
+    db_url: str, table_name: str
+) -> None:
+    """The 16 MiB default: a 20 MB payload is refused at enqueue, not made dead at publish."""
+    outbox = Outbox(db_url, table=table_name)
+    outbox.install()
+    small = Outbox(db_url, table=table_name, max_payload_bytes=1000)
+    try:
+        with outbox.engine.connect() as conn, conn.begin():
+            with pytest.raises(PayloadError, match=r"20,000,0\d\d bytes .* at most 16,777,216"):
+                outbox.enqueue(conn, "t", {"blob": "x" * 20_000_000})
+            with pytest.raises(PayloadError, match=r"at most 1,000 \(max_payload_bytes\)"):
+                small.enqueue(conn, "t", {"blob": "ж" * 500})  # 1,000 bytes of UTF-8 and more
+            small.enqueue(conn, "t", {"blob": "x" * 900})  # the transaction stays usable
+        assert count(outbox) == 1
+    finally:
+        outbox.tables.metadata.drop_all(outbox.engine)
+        outbox.dispose()
+        small.dispose()
+
+
+def test_max_payload_bytes_is_a_setting_from_the_environment() -> None:
+    from outbox_core.config import load_settings
+
+    assert load_settings(env={"OUTBOX_MAX_PAYLOAD_BYTES": "1048576"}).max_payload_bytes == 2**20
+    assert load_settings(env={}).max_payload_bytes == 16 * 2**20
 
 
 # -- a missing table -------------------------------------------------------------------------

@@ -113,6 +113,7 @@ def test_mysql_payload_over_max_allowed_packet_is_refused_clearly(
         pytest.skip("max_allowed_packet is MySQL's and MariaDB's")
     with outbox.engine.connect() as conn:
         packet = int(conn.execute(sa.text("SELECT @@max_allowed_packet")).scalar_one())
+    outbox.producer.max_payload_bytes = None  # the server's own limit, not the outbox's
     _refused_then_usable(
         outbox, {"text": "ж" * (packet // 2 + 1)}, PayloadError, "max_allowed_packet"
     )
