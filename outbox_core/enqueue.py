@@ -62,6 +62,8 @@ class Producer:
         self.local_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
         #: Engines on which the outbox table was seen (checked once per pool).
         self._tables_seen: weakref.WeakSet[Engine] = weakref.WeakSet()
+        #: The same for ports without a connection of their own (read on the fallback).
+        self._fallback_seen = False
 
     def event(
         self,
@@ -155,20 +157,19 @@ class Producer:
 
     def check(self, port: TransactionPort, event: NewEvent) -> None:
         """What this database cannot store, or a missing table, is refused before any write."""
-        storage = self.dialect.storage
         bind = port.bind
-        engine = bind.engine if bind is not None else None
-        if not storage.initialized or engine not in self._tables_seen:
-            with translate_errors("reading the server's capabilities"):
-                if bind is not None:
+        if bind is not None:
+            if bind.engine not in self._tables_seen:
+                with translate_errors("reading the server's capabilities"):
                     self._first_look(bind)
-                else:
-                    with self._fallback() as conn:
-                        self._first_look(conn)
-            if engine is not None:
-                self._tables_seen.add(engine)
+                self._tables_seen.add(bind.engine)
+        elif not self._fallback_seen:
+            # A port with no SQLAlchemy connection: look once, on the outbox's own engine.
+            with translate_errors("reading the server's capabilities"), self._fallback() as conn:
+                self._first_look(conn)
+            self._fallback_seen = True
         self._check_size(event)
-        storage.check_event(event)
+        self.dialect.storage.check_event(event)
 
     def _check_size(self, event: NewEvent) -> None:
         limit = self.max_payload_bytes

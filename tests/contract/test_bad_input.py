@@ -27,6 +27,7 @@ from brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core import Outbox
 from outbox_core.encoding import encode_value
 from outbox_core.errors import ConfigurationError, PayloadError, TableMissing
+from outbox_core.transaction import SQLAlchemyTransaction
 from tests.contract.test_migrate import Make, cli, make, run  # noqa: F401 - the fixture
 
 
@@ -246,3 +247,30 @@ def test_every_check_applies_to_the_encoded_result(outbox: Outbox, db_url: str) 
         deep.dispose()
         refusing.dispose()
     assert count(outbox) == 0
+
+
+def test_a_port_without_a_connection_of_its_own_is_looked_at_once(outbox: Outbox) -> None:
+    """The first look (capabilities, the table) runs on the outbox's engine once, not per event."""
+    looks: list[int] = []
+    fallback = outbox.producer._fallback
+
+    def counted() -> sa.Connection:
+        looks.append(1)
+        return fallback()
+
+    outbox.producer._fallback = counted
+    with outbox.engine.begin() as conn:
+        sa_port = SQLAlchemyTransaction.of(conn, "test")
+
+        class NoBind:
+            driver = sa_port.driver
+            bind = None
+            autocommit = sa_port.autocommit
+            first_event = sa_port.first_event
+            execute = sa_port.execute
+            after_commit = sa_port.after_commit
+
+        for n in range(3):
+            outbox.producer.enqueue(NoBind(), outbox.producer.event("t", {"n": n}), notify=False)
+    assert looks == [1]
+    assert count(outbox) == 3
