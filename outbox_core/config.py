@@ -66,6 +66,10 @@ class Settings:
     #: no limit of the outbox's own. Brokers have theirs: RabbitMQ 16 MiB (the
     #: broker's ``max_message_size``), Kafka and NATS 1 MiB by default.
     max_payload_bytes: int | None = setting(DEFAULT_MAX_PAYLOAD, minimum=1)
+    #: ``enqueue`` holds topics to the portable grammar (ASCII words joined by
+    #: dots: a RabbitMQ routing key, a Kafka topic, a NATS subject and a Redis
+    #: stream key alike); off, any text of up to 255 characters is stored.
+    portable_topics: bool = True
 
     def __post_init__(self) -> None:
         if self.lease <= 0:

@@ -49,8 +49,11 @@ class Producer:
         fallback: Callable[[], Connection],
         json_default: JsonDefault | None = None,
         max_payload_bytes: int | None = None,
+        portable_topics: bool = True,
     ) -> None:
         self.dialect = dialect
+        #: Topics held to the portable grammar (``message.PORTABLE_TOPIC``).
+        self.portable_topics = portable_topics
         #: Largest payload with its headers, as UTF-8 JSON (None: no bound of the outbox's own).
         self.max_payload_bytes = max_payload_bytes
         #: Converts payload values JSON cannot hold (``Outbox(json_default=...)``).
@@ -82,6 +85,7 @@ class Producer:
             headers=tracing.with_trace_context(headers),
             delay=delay,
             json_default=self.json_default,
+            portable_topics=self.portable_topics,
         )
 
     def enqueue(self, port: TransactionPort, event: NewEvent, *, notify: bool) -> str:

@@ -49,7 +49,20 @@ class TableMissing(OutboxError):
 
 
 class DatabaseError(OutboxError):
-    """A database operation failed; wraps the driver error."""
+    """A database operation failed; wraps the driver error.
+
+    ``transient`` is True when the failure says nothing about the statement:
+    the connection was lost or could not be made, the server is shutting
+    down or starting up, a lock wait or deadlock was cut short. Running the
+    statement again on a fresh connection may succeed.
+    """
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        # Refined by the relay with the database's own knowledge (SessionSetup.transient).
+        self.transient = unreachable
+        #: The database could not be reached: the connection was lost or could not be made.
+        self.unreachable = unreachable
 
 
 class BrokerError(OutboxError):
@@ -74,4 +87,10 @@ def translate_errors(operation: str) -> Iterator[None]:
         yield
     except sa.exc.SQLAlchemyError as exc:
         detail = getattr(exc, "orig", None) or exc
-        raise DatabaseError(redact(f"{operation} failed: {detail}")) from exc
+        # SQLAlchemy marks a lost connection (its dialect's own list of driver
+        # codes); which other errors are of the moment is each database's
+        # knowledge (SessionSetup.transient, asked by the relay).
+        raise DatabaseError(
+            redact(f"{operation} failed: {detail}"),
+            unreachable=bool(getattr(exc, "connection_invalidated", False)),
+        ) from exc

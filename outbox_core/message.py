@@ -199,6 +199,14 @@ class CycleResult:
 #: tighter rule (RabbitMQ: a 255-byte routing key) applies it at publish.
 MAX_TOPIC = 255
 MAX_KEY = 255
+#: The portable topic grammar (``Settings.portable_topics``): words of ASCII
+#: letters, digits, ``_`` and ``-`` joined by single dots, at most 249
+#: characters. Each is a literal RabbitMQ routing key (no ``*``/``#`` wildcard
+#: in it, dots separate its words), a legal Kafka topic (``[A-Za-z0-9._-]``,
+#: at most 249), a NATS subject a publisher may use (no empty token, no
+#: space, no ``*``/``>``) and a Redis stream key.
+PORTABLE_TOPIC = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+MAX_PORTABLE_TOPIC = 249
 #: Deepest nesting of arrays and objects a payload or headers may have on any
 #: database (MySQL 8's own limit; Python's JSON parser, which relays and
 #: consumers use, fails far deeper). A dialect can set a lower one (MariaDB: 31).
@@ -262,18 +270,23 @@ def build_new_event(
     headers: Mapping[str, str] | None = None,
     delay: float | timedelta | None = None,
     json_default: JsonDefault | None = None,
+    portable_topics: bool = True,
 ) -> NewEvent:
     """Validate an event for ``enqueue``; raise :class:`EventError` naming what is wrong.
 
     ``json_default`` converts what JSON cannot hold (``json.dumps``'s
     ``default``); every check then applies to the encoded result, which is
-    what the event carries.
+    what the event carries. ``portable_topics`` holds the topic to
+    :data:`PORTABLE_TOPIC`; without it any text of up to 255 characters is
+    stored and the broker judges it at publish.
     """
     if not isinstance(topic, str) or not topic.strip():
         raise EventError("topic must be a non-empty string")
     if len(topic) > MAX_TOPIC:
         raise EventError(f"topic is {len(topic)} characters long; the limit is {MAX_TOPIC}")
     _check_text(topic, "topic")
+    if portable_topics:
+        check_portable_topic(topic)
     if key is not None:
         if not isinstance(key, str) or not key:
             raise EventError("key must be a non-empty string or None")
@@ -309,6 +322,18 @@ def build_new_event(
         payload_json=payload_json,
         headers_json=None if clean_headers is None else check_json(clean_headers, "headers"),
     )
+
+
+def check_portable_topic(topic: str) -> None:
+    """Raise :class:`EventError` unless ``topic`` follows :data:`PORTABLE_TOPIC`."""
+    if len(topic) > MAX_PORTABLE_TOPIC or not PORTABLE_TOPIC.fullmatch(topic):
+        raise EventError(
+            f"topic {topic[:80]!r} is not portable: use words of ASCII letters, digits, "
+            f"'_' and '-' joined by single dots, at most {MAX_PORTABLE_TOPIC} characters "
+            "(safe as a RabbitMQ routing key, a Kafka topic, a NATS subject and a Redis "
+            "stream key); Outbox(portable_topics=False) stores any text and leaves the "
+            "broker to judge it"
+        )
 
 
 def _check_text(value: str, name: str) -> None:

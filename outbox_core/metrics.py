@@ -5,7 +5,8 @@
 * ``/metrics``: the metrics below, in the Prometheus text format;
 * ``/healthz``: 200 when the database answers, the broker answers and the
   relay finished a cycle recently, 503 with the reason otherwise. The JSON
-  body always carries ``broker``: ``up``, ``since`` (ISO time of the last
+  body always carries ``broker`` and ``database_state`` (the relay's own
+  view of its connections): ``up``, ``since`` (ISO time of the last
   change), ``seconds`` and ``error``.
 
 Metrics (Prometheus naming conventions):
@@ -23,6 +24,7 @@ Metrics (Prometheus naming conventions):
 ``outbox_batch_size``                      histogram  events per claim
 ``outbox_broker_up``                       gauge      1 while the broker answers, 0 in an outage
 ``outbox_broker_state_since_seconds``      gauge      Unix time of the last up/down change
+``outbox_database_up``                     gauge      1 while the relay reaches the database
 ``outbox_events_given_back_total``         counter    unspent: the broker was unavailable
 =========================================  =========  ==================================
 """
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.message import CycleResult, Event, Failure, Outcome, OutcomeKind
-from outbox_core.relay import BrokerState, Relay, RelayObserver
+from outbox_core.relay import BrokerState, DatabaseState, Relay, RelayObserver
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -115,6 +117,12 @@ class RelayMetrics(RelayObserver):
             registry=registry,
         )
         self.broker_since.set_to_current_time()
+        self.database_up = prom.Gauge(
+            "outbox_database_up",
+            "1 while the relay reaches the database, 0 while it cannot (it retries every 2 s).",
+            registry=registry,
+        )
+        self.database_up.set(1)
         self.given_back = prom.Counter(
             "outbox_events_given_back",
             "Claimed events given back unspent because the broker was unavailable.",
@@ -162,6 +170,10 @@ class RelayMetrics(RelayObserver):
         """``outbox_broker_up`` and since when."""
         self.broker_up.set(1 if state.up else 0)
         self.broker_since.set(state.since)
+
+    def database_changed(self, state: DatabaseState) -> None:
+        """``outbox_database_up``."""
+        self.database_up.set(1 if state.up else 0)
 
 
 class BacklogCollector:
@@ -265,7 +277,15 @@ class MetricsServer:
             reachable = False
         broker = self.relay.broker_state
         detail["broker"] = broker.as_dict()
+        database = self.relay.database_state
+        detail["database_state"] = database.as_dict()
         problems = []
+        if not database.up:
+            state = detail["database_state"]
+            problems.append(
+                f"database unreachable since {state['since']} ({state['seconds']:.0f}s): "
+                f"{database.error}; retrying every 2s at most"
+            )
         if not recent:
             problems.append(f"no cycle finished in {self.stale_after:.0f}s")
         if not broker.up:
@@ -275,7 +295,7 @@ class MetricsServer:
             )
         if problems:
             detail["problem"] = "; ".join(problems)
-        ok = reachable and recent and broker.up
+        ok = reachable and database.up and recent and broker.up
         detail["status"] = "ok" if ok else "unhealthy"
         return ok, detail
 

@@ -10,10 +10,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -25,14 +26,16 @@ from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.message import JsonDefault
+from outbox_core.ports import async_transaction_port, transaction_port
 from outbox_core.redaction import mask_url
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
-from outbox_core.transaction import SQLAlchemyTransaction
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+T = TypeVar("T")
 
 #: Async or driver-less URLs mapped to the sync driver the toolkit ships with.
 SYNC_DRIVERS: dict[str, str] = {
@@ -133,7 +136,10 @@ class Outbox:
     ``datetime``, ``UUID``, dataclasses, pydantic models: see
     :func:`outbox_core.encoding.encode_value`); every check applies to the result.
     ``max_payload_bytes`` bounds a payload with its headers as UTF-8 JSON (16
-    MiB by default; None: no bound of the outbox's own).
+    MiB by default; None: no bound of the outbox's own). ``portable_topics``
+    (on by default) refuses a topic that is not words of ASCII letters,
+    digits, ``_`` and ``-`` joined by dots, the grammar every broker routes
+    alike.
     """
 
     def __init__(
@@ -148,6 +154,7 @@ class Outbox:
         engine_options: Mapping[str, Any] | None = None,
         json_default: JsonDefault | None = None,
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+        portable_topics: bool = True,
     ) -> None:
         self.tables = OutboxTables.create(table, schema)
         #: The outbox's one set of settings: its relays run with them unless
@@ -160,6 +167,7 @@ class Outbox:
             block_on_dead=block_on_dead,
             notify=notify,
             max_payload_bytes=max_payload_bytes,
+            portable_topics=portable_topics,
         )
         self._engine: Engine | None = None
         self._owns_engine = False
@@ -182,6 +190,7 @@ class Outbox:
             fallback=lambda: self.engine.connect(),
             json_default=json_default,
             max_payload_bytes=self.settings.max_payload_bytes,
+            portable_topics=portable_topics,
         )
 
     @property
@@ -253,7 +262,7 @@ class Outbox:
 
     def enqueue(
         self,
-        conn: Connection | Session,
+        conn: Connection | Session | Any,
         topic: str,
         payload: Any,
         *,
@@ -264,17 +273,19 @@ class Outbox:
         """Add an event to the caller's transaction and return its ``event_id``.
 
         ``conn`` is the SQLAlchemy ``Connection`` or ``Session`` of the business
-        transaction; the event commits or rolls back with it (this never
-        commits). The payload must be JSON-serialisable: otherwise
+        transaction, or a DB-API connection of psycopg 3, psycopg2, PyMySQL,
+        mysqlclient, sqlite3 or pyodbc (not in autocommit mode: the event may
+        be its transaction's first statement); the event commits or rolls
+        back with it (this never commits). The payload must be JSON-serialisable: otherwise
         :class:`~outbox_core.errors.PayloadError` names the field and nothing
         is written.
         """
-        port = SQLAlchemyTransaction.of(conn, "enqueue")
+        port = transaction_port(conn, "enqueue", self.dialect.name)
         event = self.producer.event(topic, payload, key=key, headers=headers, delay=delay)
         return self.producer.enqueue(port, event, notify=self.notify)
 
     def enqueue_many(
-        self, conn: Connection | Session, events: Iterable[Mapping[str, Any]]
+        self, conn: Connection | Session | Any, events: Iterable[Mapping[str, Any]]
     ) -> list[str]:
         r"""Add many events to the caller's transaction in a few statements; return their ids.
 
@@ -287,14 +298,14 @@ class Outbox:
         its position and field, and none of them is written. Like
         :meth:`enqueue`, this never commits.
         """
-        port = SQLAlchemyTransaction.of(conn, "enqueue_many")
+        port = transaction_port(conn, "enqueue_many", self.dialect.name)
         built = self.producer.build_many(port, events)
         self.producer.enqueue_many(port, built, notify=self.notify)
         return [e.event_id for e in built]
 
     async def enqueue_async(
         self,
-        conn: AsyncConnection | AsyncSession,
+        conn: AsyncConnection | AsyncSession | Any,
         topic: str,
         payload: Any,
         *,
@@ -302,24 +313,57 @@ class Outbox:
         headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None,
     ) -> str:
-        """Like :meth:`enqueue`, for an ``AsyncConnection`` or ``AsyncSession``.
+        """Like :meth:`enqueue`, for an async connection.
 
-        It runs :meth:`enqueue` itself on the underlying sync connection (or
-        session), so both behave alike: the same checks, the wake-up sent
-        once per transaction, in-process relays woken at commit.
+        ``conn`` is a SQLAlchemy ``AsyncConnection`` or ``AsyncSession`` (run
+        through :meth:`enqueue` on its sync connection), an asyncpg
+        connection inside ``async with conn.transaction():``, or a psycopg
+        ``AsyncConnection`` in a transaction. The same checks, the wake-up
+        sent in the transaction, in-process relays woken after commit.
         """
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+        if _is_sqlalchemy_async(conn):
 
-        if not isinstance(conn, AsyncConnection | AsyncSession):
-            raise ConfigurationError(
-                "enqueue_async needs the AsyncConnection or AsyncSession of your transaction, "
-                f"not {type(conn).__name__}"
-            )
+            def enqueue(sync: Connection | Session) -> str:
+                return self.enqueue(sync, topic, payload, key=key, headers=headers, delay=delay)
 
-        def enqueue(sync: Connection | Session) -> str:
-            return self.enqueue(sync, topic, payload, key=key, headers=headers, delay=delay)
+            return str(await conn.run_sync(enqueue))
+        port = async_transaction_port(conn, "enqueue_async", self.dialect.name)
+        event = self.producer.event(topic, payload, key=key, headers=headers, delay=delay)
+        await self._off_loop_once(lambda: self.producer.enqueue(port, event, notify=self.notify))
+        await port.flush()
+        return event.event_id
 
-        return await conn.run_sync(enqueue)
+    async def enqueue_many_async(
+        self, conn: AsyncConnection | AsyncSession | Any, events: Iterable[Mapping[str, Any]]
+    ) -> list[str]:
+        """Like :meth:`enqueue_many`, for the async connections :meth:`enqueue_async` takes."""
+        if _is_sqlalchemy_async(conn):
+
+            def enqueue_many(sync: Connection | Session) -> list[str]:
+                return self.enqueue_many(sync, events)
+
+            return list(await conn.run_sync(enqueue_many))
+        port = async_transaction_port(conn, "enqueue_many_async", self.dialect.name)
+
+        def build() -> list[str]:
+            built = self.producer.build_many(port, events)
+            self.producer.enqueue_many(port, built, notify=self.notify)
+            return [e.event_id for e in built]
+
+        ids = await self._off_loop_once(build)
+        await port.flush()
+        return ids
+
+    async def _off_loop_once(self, work: Callable[[], T]) -> T:
+        """Run ``work`` in a thread until the server's capabilities were read, then inline.
+
+        The first enqueue reads them (and looks for the table) on the outbox's
+        own, synchronous engine: that must not block the event loop. Later
+        ones only build statements.
+        """
+        if self.producer._fallback_seen:  # set by that first look
+            return work()
+        return await asyncio.to_thread(work)
 
     # -- relay -----------------------------------------------------------------------------
 
@@ -402,6 +446,12 @@ class Outbox:
             raise ConfigurationError("replay needs ids, a topic, a key, or all=True")
         with translate_errors("replay"), self.engine.connect() as conn:
             return self.dialect.replay(conn, ids=ids, topic=topic, key=key)
+
+
+def _is_sqlalchemy_async(conn: object) -> bool:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    return isinstance(conn, AsyncConnection | AsyncSession)
 
 
 def _aware(value: datetime) -> datetime:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base.values import SessionLimits
@@ -57,3 +58,15 @@ class SessionSetup:
     def shared_by_processes(self, url: URL) -> bool:
         """Other processes connecting to ``url`` reach this same database."""
         return True
+
+    def transient(self, error: BaseException) -> bool:
+        """The driver's ``error`` is about the moment, not the statement: retrying may work.
+
+        A lost or refused connection, a server shutting down or starting up,
+        a lock wait or deadlock cut short. The relay retries a settle on a
+        fresh connection after such an error, and claims again soon; any
+        other error is the statement's own and is not retried quickly.
+        Families name their driver's codes; the default trusts PEP 249's
+        classes.
+        """
+        return isinstance(error, sa.exc.OperationalError | sa.exc.InterfaceError)

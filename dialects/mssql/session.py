@@ -36,3 +36,15 @@ class MssqlSession(SessionSetup):
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """The driver's connect timeout, in whole seconds."""
         return {"timeout": max(1, int(seconds))}
+
+    #: ODBC SQLSTATEs of the moment: communication link failure, cannot
+    #: connect, connection rejected, deadlock victim, timeouts.
+    TRANSIENT_STATES = frozenset({"08S01", "08001", "08004", "40001", "HYT00", "HYT01"})
+
+    def transient(self, error: BaseException) -> bool:
+        """By the ODBC SQLSTATE pyodbc puts first in ``args``."""
+        orig = getattr(error, "orig", error)
+        args = getattr(orig, "args", ())
+        if args and isinstance(args[0], str) and len(args[0]) == 5:
+            return args[0] in self.TRANSIENT_STATES
+        return isinstance(error, sa.exc.OperationalError | sa.exc.InterfaceError)

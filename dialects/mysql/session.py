@@ -60,3 +60,21 @@ class MysqlSession(SessionSetup):
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """The driver's connect timeout, in whole seconds."""
         return {"connect_timeout": max(1, int(seconds))}
+
+    #: Server and client error codes of the moment: too many connections,
+    #: shutdown in progress, network read/write errors, lock wait timeout,
+    #: query interrupted, deadlock, read-only (a failover), connection killed,
+    #: cannot connect, server gone away, lost connection, idle disconnect.
+    TRANSIENT_CODES = frozenset(
+        {1040, 1053, 1158, 1159, 1160, 1161, 1205, 1213, 1290, 1317, 1927, 2002, 2003, 2006,
+         2013, 2055, 4031}
+    )  # fmt: skip
+
+    def transient(self, error: BaseException) -> bool:
+        """By error code (PyMySQL and mysqlclient put it first in ``args``): both file
+        nearly every server error, a misspelt column included, as ``OperationalError``."""
+        orig = getattr(error, "orig", error)
+        args = getattr(orig, "args", ())
+        if args and isinstance(args[0], int):
+            return args[0] in self.TRANSIENT_CODES
+        return isinstance(error, sa.exc.InterfaceError)

@@ -35,3 +35,16 @@ class PostgresqlSession(SessionSetup):
                 conn.execute(
                     sa.select(sa.func.set_config(name, f"{round(seconds * 1000)}ms", False))
                 )
+
+    #: SQLSTATEs of the moment: connection exceptions (08), insufficient
+    #: resources (53), serialization failure, deadlock, lock not available,
+    #: statement cancelled, the server shutting down or starting up (57P0x).
+    TRANSIENT_STATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03"})
+
+    def transient(self, error: BaseException) -> bool:
+        """By SQLSTATE (psycopg's ``sqlstate``, psycopg2's ``pgcode``)."""
+        orig = getattr(error, "orig", error)
+        state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+        if state is None:  # no answer from a server: a connection that failed
+            return isinstance(error, sa.exc.OperationalError | sa.exc.InterfaceError)
+        return state[:2] in ("08", "53") or state in self.TRANSIENT_STATES

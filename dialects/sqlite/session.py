@@ -29,3 +29,12 @@ class SqliteSession(SessionSetup):
     def shared_by_processes(self, url: URL) -> bool:
         """A file is; an in-memory database belongs to one connection of one process."""
         return url.database not in (None, "", ":memory:") and "mode=memory" not in str(url)
+
+    def transient(self, error: BaseException) -> bool:
+        """Busy or locked (another writer holds the file); sqlite3 files schema errors, a
+        missing table included, as ``OperationalError`` too."""
+        orig = getattr(error, "orig", error)
+        code = getattr(orig, "sqlite_errorcode", None)
+        if code is not None:
+            return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (extended codes too)
+        return "database is locked" in str(orig)

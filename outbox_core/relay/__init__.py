@@ -15,6 +15,8 @@ One job per module:
 
 * ``facade``: :class:`Relay`, one cycle, ``run()``, stop and close;
 * ``connections``: one database connection per thread, replaced when dead;
+  a statement that must not be lost (settling) retried on a fresh one while
+  its lease lasts; the database's state (:class:`DatabaseState`);
 * ``leases``: the claims in flight and the renewal of their leases;
 * ``breaker``: is the broker up, or down and probed with backoff
   (:class:`BrokerState`);
@@ -24,18 +26,21 @@ One job per module:
 * ``pipeline``: the loop of ``run()`` (prefetch, overlapping settles,
   adaptive polling); ``background``: maintenance and LISTEN threads;
   ``signals``: SIGTERM / SIGINT;
-* ``observers``: the one hook mechanism (:class:`RelayObserver`).
+* ``observers``: the one hook mechanism (:class:`RelayObserver`);
+* ``state``: up or down since when (:class:`ServiceState`), for the broker
+  and the database.
 
 Liveness rules: docs/design.md, Liveness.
 """
 
 from __future__ import annotations
 
-from outbox_core.relay.breaker import PROBE_FIRST, PROBE_MAX, BrokerState
+from outbox_core.relay.breaker import PROBE_FIRST, PROBE_MAX
 from outbox_core.relay.facade import Relay
 from outbox_core.relay.leases import MAX_RENEWED_LEASES, RENEW_AFTER, REVALIDATE_AFTER, Claim
 from outbox_core.relay.observers import OnCycle, RelayObserver
 from outbox_core.relay.settle import SettlePlan, classify
+from outbox_core.relay.state import BrokerState, DatabaseState, ServiceState
 
 __all__ = [
     "MAX_RENEWED_LEASES",
@@ -45,9 +50,11 @@ __all__ = [
     "REVALIDATE_AFTER",
     "BrokerState",
     "Claim",
+    "DatabaseState",
     "OnCycle",
     "Relay",
     "RelayObserver",
+    "ServiceState",
     "SettlePlan",
     "classify",
 ]

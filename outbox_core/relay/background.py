@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult
+from outbox_core.relay.connections import RETRY_MAX
 from outbox_core.retry import Backoff
 
 if TYPE_CHECKING:
@@ -21,10 +22,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outbox.relay")
 
-#: Longest wait after maintenance or LISTEN failed again and again.
-RETRY_MAX = 30.0
+#: Longest wait after maintenance or LISTEN failed again and again for a
+#: reason of their own; a transient failure (the database restarting) waits
+#: at most :data:`~outbox_core.relay.connections.RETRY_MAX`.
+ERROR_MAX = 30.0
 #: First wait before opening LISTEN again.
 LISTEN_FIRST = 0.5
+#: Failures in a row of opening LISTEN, the database answering, before they are logged.
+LISTEN_QUIET_FAILURES = 3
 
 
 @dataclass
@@ -48,7 +53,8 @@ def maintain(relay: Relay) -> None:
     Errors are logged and retried with backoff.
     """
     tick = min(max(relay.settings.lease / 10, 0.05), 1.0)
-    errors = Backoff(2 * tick, RETRY_MAX, jitter=0.2)
+    errors = Backoff(2 * tick, ERROR_MAX, jitter=0.2)
+    outage = Backoff(min(2 * tick, RETRY_MAX), RETRY_MAX, jitter=0.2)
     wait = tick
     while not relay._stop.wait(wait):
         try:
@@ -59,16 +65,25 @@ def maintain(relay: Relay) -> None:
                 relay._finish(CycleResult(reaped=reaped, cleaned=cleaned))
             wait = tick
             errors.reset()
+            outage.reset()
         except DatabaseError as exc:
-            wait = errors.next()
-            log.error("maintenance: %s; retrying in %.1fs", exc, wait)
+            wait = (outage if exc.transient else errors).next()
+            relay.connections.log_failure(exc, "maintenance: ", wait)
         except Exception:
             wait = errors.next()
             log.exception("maintenance failed")
 
 
 def listen(relay: Relay) -> None:
-    """Wake the relay on the database's notifications (PostgreSQL LISTEN)."""
+    """Wake the relay on the database's notifications (PostgreSQL LISTEN).
+
+    Losing LISTEN only slows wake-ups to polling, and a database restart
+    ends it along with every other connection (logged once, by the
+    connections): it is logged only when it keeps failing while the
+    database answers.
+    """
+    # LISTEN is only a wake-up (claims poll meanwhile): retry as often as
+    # claims do, so wake-ups resume as soon as the database is back.
     waits = Backoff(LISTEN_FIRST, RETRY_MAX, jitter=0.2)
     stop = relay._stop
     while not stop.is_set():
@@ -76,7 +91,9 @@ def listen(relay: Relay) -> None:
             listener = relay.dialect.enqueue.listener(relay.engine)
         except Exception as exc:
             wait = waits.next()
-            log.warning("LISTEN failed (%s); polling, retrying in %.1fs", exc, wait)
+            own_problem = relay.database_state.up and waits.failures >= LISTEN_QUIET_FAILURES
+            level = logging.WARNING if own_problem else logging.DEBUG
+            log.log(level, "LISTEN failed (%s); polling, retrying in %.1fs", exc, wait)
             stop.wait(wait)
             continue
         if listener is None:
@@ -87,6 +104,6 @@ def listen(relay: Relay) -> None:
                 if listener.wait(0.5):
                     relay.wake()
         except Exception as exc:
-            log.warning("LISTEN connection lost (%s); reconnecting", exc)
+            log.debug("LISTEN connection lost (%s); reconnecting", exc)
         finally:
             listener.close()

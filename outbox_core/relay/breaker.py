@@ -11,13 +11,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
 
 from outbox_core.brokers.base import Broker, probe_quietly
 from outbox_core.message import Outcome
 from outbox_core.relay.observers import RelayObserver
+from outbox_core.relay.state import BrokerState
 from outbox_core.retry import Backoff
 
 log = logging.getLogger("outbox.relay")
@@ -25,26 +23,6 @@ log = logging.getLogger("outbox.relay")
 #: First and longest wait between broker probes while the broker is down.
 PROBE_FIRST = 0.5
 PROBE_MAX = 5.0
-
-
-@dataclass(frozen=True)
-class BrokerState:
-    """Whether the broker answers, as the relay last saw it, and since when."""
-
-    up: bool = True
-    #: ``time.time()`` of the last change (the relay's start while it never changed).
-    since: float = field(default_factory=time.time)
-    #: Why it is down (the first ``unavailable`` error or the last failed probe).
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``/healthz``, ``outbox status``)."""
-        return {
-            "up": self.up,
-            "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
-            "seconds": round(max(0.0, time.time() - self.since), 1),
-            "error": self.error,
-        }
 
 
 class Breaker:

@@ -28,13 +28,14 @@ from outbox_core.message import CycleResult, Event, Outcome
 from outbox_core.redaction import redact
 from outbox_core.relay import settle
 from outbox_core.relay.background import Due, listen, maintain
-from outbox_core.relay.breaker import Breaker, BrokerState
+from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.connections import Connections
 from outbox_core.relay.delivery import Delivery
-from outbox_core.relay.leases import Claim, Leases
+from outbox_core.relay.leases import MAX_RENEWED_LEASES, Claim, Leases
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.pipeline import Pipeline
 from outbox_core.relay.signals import stop_on_signals
+from outbox_core.relay.state import BrokerState, DatabaseState
 from outbox_core.retry import RetryPolicy
 
 log = logging.getLogger("outbox.relay")
@@ -77,16 +78,23 @@ class Relay:
         self.batch_size = min(settings.batch_size, dialect.max_batch)
         #: Server-side bounds on every relay connection (see SessionSetup.configure).
         self.limits = SessionLimits.for_lease(settings.lease)
-        self.connections = Connections(engine, dialect, self.limits, ordered=settings.ordered)
-        self.leases = Leases(dialect, self.connections, settings.lease)
         #: Metrics and tracing hooks, called in order (see :class:`RelayObserver`).
         self.observers: list[RelayObserver] = []
+        self._stop = threading.Event()
+        self.connections = Connections(
+            engine,
+            dialect,
+            self.limits,
+            ordered=settings.ordered,
+            stop=self._stop,
+            observers=self.observers,
+        )
+        self.leases = Leases(dialect, self.connections, settings.lease)
         self.breaker = Breaker(broker, self.observers)
         self.delivery = Delivery(broker, runs=settings.ordered and settings.run_length > 1)
         # run() finishes cycles on its claim and settle threads: cleanup and
         # the observers see one cycle at a time.
         self._finish_lock = threading.Lock()
-        self._stop = threading.Event()
         self._wake = threading.Event()
         self._reap = Due(settings.reap_interval)
         self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
@@ -99,6 +107,11 @@ class Relay:
     def broker_state(self) -> BrokerState:
         """Is the broker up? Changed only by the publishing thread."""
         return self.breaker.state
+
+    @property
+    def database_state(self) -> DatabaseState:
+        """Could the database be reached at the relay's last statement?"""
+        return self.connections.state
 
     @property
     def last_cycle_at(self) -> float:
@@ -203,8 +216,14 @@ class Relay:
             if plan.failures:
                 settle.log_failures(plan)
             started = time.perf_counter()
-            written = self.connections.call(
-                "settle", settle.write, self.dialect, plan, delete=self.settings.delete_on_send
+            # Retried on a fresh connection through a database restart, past
+            # the lease if need be (nobody can reap it while the database is
+            # down): the token fences a write that comes too late. Bounded like
+            # lease renewals, so a relay never holds a batch forever.
+            written = self.connections.call_until(
+                claim.claimed_at + self.settings.lease * MAX_RENEWED_LEASES,
+                "settle",
+                settle.Writer(self.dialect, plan, delete=self.settings.delete_on_send),
             )
             if self.observers:
                 events, answers = settle.published(claim.events, outcomes)
@@ -282,13 +301,27 @@ class Relay:
         return self.leases.keep()
 
     def reap(self) -> int:
-        """Return expired leases to pending (skipping rows other sessions hold)."""
+        """Return expired leases to pending (skipping rows other sessions hold).
+
+        Not in the first seconds after the database was unreachable (see
+        :data:`~outbox_core.relay.connections.REAP_GRACE`).
+        """
+        if not self.connections.may_reap():
+            if not self.database_state.up:
+                # A statement that takes nothing: it tells whether the database
+                # is back (and starts the grace) without reaping first.
+                self.connections.call("probe", self._probe_database)
+            return 0
         reaped = self.connections.call(
             "reap", self.dialect.reap, max_attempts=self.retry.max_attempts
         )
         if reaped:
             log.warning("returned %d expired leases", reaped, extra={"count": reaped})
         return reaped
+
+    def _probe_database(self, conn: Connection) -> None:
+        with self.dialect.transaction(conn):
+            conn.execute(sa.select(self.dialect.now()))
 
     def cleanup(self) -> int:
         """Delete sent rows older than ``cleanup_after``, in bounded batches (at most 10)."""

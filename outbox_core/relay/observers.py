@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from outbox_core.message import CycleResult, Event, Failure, Outcome
 
 if TYPE_CHECKING:
-    from outbox_core.relay.breaker import BrokerState
+    from outbox_core.relay.state import BrokerState, DatabaseState
 
 
 class RelayObserver:
@@ -37,6 +37,9 @@ class RelayObserver:
 
     def broker_changed(self, state: BrokerState) -> None:
         """The broker went down (an ``unavailable`` outcome) or answers again."""
+
+    def database_changed(self, state: DatabaseState) -> None:
+        """The database could not be reached, or answers again."""
 
 
 class OnCycle(RelayObserver):

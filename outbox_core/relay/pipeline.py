@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult
+from outbox_core.relay.connections import RETRY_FIRST, RETRY_MAX
 from outbox_core.relay.leases import Claim
 from outbox_core.retry import Backoff
 
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outbox.relay")
 
-#: First and longest wait before claiming again after a failed claim.
+#: First and longest wait before claiming again after a claim failed for a
+#: reason of its own (a transient failure, such as the database restarting,
+#: waits at most :data:`~outbox_core.relay.connections.RETRY_MAX`).
 ERROR_FIRST = 0.5
 ERROR_MAX = 30.0
 
@@ -48,6 +51,7 @@ class Pipeline:
         self.idle = self.poll
         self.polling = Backoff(2 * self.poll, settings.max_poll_interval, jitter=0.2)
         self.errors = Backoff(ERROR_FIRST, ERROR_MAX, jitter=0.2)
+        self.outage = Backoff(RETRY_FIRST, RETRY_MAX, jitter=0.2)
 
     def run(self) -> None:
         """Claim, publish and settle until the relay is stopped; give back what is left."""
@@ -88,12 +92,23 @@ class Pipeline:
             future = self.prefetched.popleft() if was_prefetched else self.db.submit(relay._claim)
             claim = future.result()
         except DatabaseError as exc:
-            wait = self.errors.next()
-            log.error("%s; retrying in %.1fs", exc, wait)
+            wait = self.wait_after(exc)
             relay._stop.wait(wait)
             return None
         self.errors.reset()
+        self.outage.reset()
         return claim
+
+    def wait_after(self, exc: DatabaseError) -> float:
+        """How long to wait before claiming again after ``exc`` (logged here).
+
+        An unreachable database was logged once by the connections; the
+        relay tries again every ``RETRY_MAX`` at most, so it resumes soon
+        after the database returns.
+        """
+        wait = (self.outage if exc.transient else self.errors).next()
+        self.relay.connections.log_failure(exc, "", wait)
+        return wait
 
     def _idle(self, result: CycleResult, was_prefetched: bool) -> None:
         """Nothing claimed: claim again at once, or wait for a wake-up or the poll interval."""

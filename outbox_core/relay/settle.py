@@ -95,20 +95,49 @@ def log_failures(plan: SettlePlan) -> None:
 
 def write(conn: Connection, dialect: Dialect, plan: SettlePlan, *, delete: bool) -> Written:
     """Tx 2: mark sent / failed and release, every write fenced by the plan's token."""
-    token = plan.token
-    with translate_errors("mark_sent"):
-        sent = dialect.mark_sent(conn, plan.sent, token=token, delete=delete)
-    if sent < len(plan.sent):
-        # Delivered, but re-claimed first: that attempt was no failure.
-        with translate_errors("forgive"):
-            dialect.forgive(conn, plan.sent)
-    with translate_errors("mark_failed"):
-        failed = dialect.mark_failed(conn, plan.failures, token=token)
-    released = 0
-    if plan.released:
-        with translate_errors("release"):
-            released = dialect.release(conn, plan.released, token=token)
-    return Written(sent, failed, released)
+    return Writer(dialect, plan, delete=delete)(conn)
+
+
+@dataclass
+class Writer:
+    """Writes one plan step by step; called again after a broken connection, it goes on
+    from the step that failed.
+
+    Each step is its own transaction. The fenced ones (mark sent, mark
+    failed, release) change nothing when repeated, but ``forgive`` is not
+    fenced: repeating it would take back a second attempt. A step whose
+    commit went through but whose answer was lost is run again and changes
+    nothing (its rows then count as lost, the safe direction).
+    """
+
+    dialect: Dialect
+    plan: SettlePlan
+    delete: bool
+    sent: int | None = None
+    forgiven: bool = False
+    failed: int | None = None
+    released: int | None = None
+
+    def __call__(self, conn: Connection) -> Written:
+        """Run the steps not done yet; the rows each changed."""
+        dialect, plan, token = self.dialect, self.plan, self.plan.token
+        if self.sent is None:
+            with translate_errors("mark_sent"):
+                self.sent = dialect.mark_sent(conn, plan.sent, token=token, delete=self.delete)
+        if self.sent < len(plan.sent) and not self.forgiven:
+            # Delivered, but re-claimed first: that attempt was no failure.
+            with translate_errors("forgive"):
+                dialect.forgive(conn, plan.sent)
+            self.forgiven = True
+        if self.failed is None:
+            with translate_errors("mark_failed"):
+                self.failed = dialect.mark_failed(conn, plan.failures, token=token)
+        if self.released is None:
+            with translate_errors("release"):
+                self.released = (
+                    dialect.release(conn, plan.released, token=token) if plan.released else 0
+                )
+        return Written(self.sent, self.failed, self.released)
 
 
 def lost(plan: SettlePlan, written: Written) -> int:

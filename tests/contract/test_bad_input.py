@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core import Outbox
 from outbox_core.encoding import encode_value
-from outbox_core.errors import ConfigurationError, PayloadError, TableMissing
+from outbox_core.errors import ConfigurationError, EventError, PayloadError, TableMissing
 from outbox_core.transaction import SQLAlchemyTransaction
 from tests.contract.test_migrate import Make, cli, make, run  # noqa: F401 - the fixture
 
@@ -274,3 +274,61 @@ def test_a_port_without_a_connection_of_its_own_is_looked_at_once(outbox: Outbox
             outbox.producer.enqueue(NoBind(), outbox.producer.event("t", {"n": n}), notify=False)
     assert looks == [1]
     assert count(outbox) == 3
+
+
+# -- the portable topic grammar -----------------------------------------------------------
+
+NOT_PORTABLE = [
+    "order created",  # a space: not a Kafka topic, not a NATS subject
+    "order.*",  # an AMQP and NATS wildcard
+    "order.#",  # an AMQP wildcard
+    "order.>",  # a NATS wildcard
+    "order..created",  # an empty word: not a NATS subject
+    ".order",
+    "order.",
+    "заказ.создан",  # not ASCII: not a Kafka topic
+    "orders/eu",
+    "o" * 250,  # Kafka's limit is 249
+]
+
+
+@pytest.mark.parametrize("topic", NOT_PORTABLE)
+def test_a_topic_no_broker_routes_alike_is_refused_and_the_transaction_stays_usable(
+    outbox: Outbox, topic: str
+) -> None:
+    with outbox.engine.begin() as conn:
+        with pytest.raises(EventError, match="is not portable"):
+            outbox.enqueue(conn, topic, {"n": 1})
+        with pytest.raises(EventError, match="is not portable"):
+            outbox.enqueue_many(
+                conn, [{"topic": "ok", "payload": {}}, {"topic": topic, "payload": {}}]
+            )
+        outbox.enqueue(conn, "order.created", {"n": 2})  # the transaction goes on
+    assert count(outbox) == 1
+
+
+def test_portable_topics_are_taken(outbox: Outbox) -> None:
+    topics = ["order", "order.created", "Orders_v2-eu.created", "a.b.c.d", "o" * 249]
+    with outbox.engine.begin() as conn:
+        for topic in topics:
+            outbox.enqueue(conn, topic, {})
+    with outbox.engine.connect() as conn:
+        stored = set(conn.execute(sa.select(outbox.table.c.topic)).scalars())
+    assert stored == set(topics)
+
+
+def test_portable_topics_off_stores_any_text_for_the_broker_to_judge(outbox: Outbox) -> None:
+    loose = Outbox(outbox.engine, table=outbox.table.name, portable_topics=False)
+    with outbox.engine.begin() as conn:
+        loose.enqueue(conn, "order created", {})
+        with pytest.raises(EventError, match="non-empty"):
+            loose.enqueue(conn, " ", {})
+    with outbox.engine.connect() as conn:
+        assert conn.execute(sa.select(outbox.table.c.topic)).scalar_one() == "order created"
+
+
+def test_portable_topics_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outbox_core.config import load_settings
+
+    monkeypatch.setenv("OUTBOX_PORTABLE_TOPICS", "false")
+    assert load_settings().portable_topics is False

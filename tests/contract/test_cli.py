@@ -132,9 +132,9 @@ def test_relay_once_masks_the_password(
 
 
 def test_bad_configuration_is_one_clear_line(db_url: str, table_name: str) -> None:
-    result = run("relay", "--db", db_url, "--broker", "kafka://broker:9092")
+    result = run("relay", "--db", db_url, "--broker", "sqs://broker:9324")
     assert result.returncode == 2
-    assert "unknown broker URL scheme kafka://" in result.stderr
+    assert "unknown broker URL scheme sqs://" in result.stderr
     assert "amqp://" in result.stderr and "Traceback" not in result.stderr
     result = run("install", "--db", db_url, "--table", "x; drop table y")
     assert result.returncode == 2

@@ -538,7 +538,7 @@ def test_configuration_errors_are_named(db_url: str) -> None:
     with pytest.raises(UnknownDialect, match="mssql, mysql, postgresql, sqlite"):
         Outbox("oracle://scott:tiger@localhost/x")
     with pytest.raises(UnknownBroker, match=r"amqp://.*memory://"):
-        Outbox(db_url).relay("kafka://localhost:9092")
+        Outbox(db_url).relay("sqs://localhost:9324")
 
 
 # -- ordered runs ------------------------------------------------------------------------

@@ -322,3 +322,98 @@ def test_an_ordered_relay_refuses_a_database_that_cannot_serve_ordered_claims(
     unordered.stop()
     unordered.run(install_signal_handlers=False)  # not asked: runs (and stops at once)
     unordered.close()
+
+
+class KillingBroker(SwitchBroker):
+    """Publishes, and meanwhile has the server end the relay's connection (a restart, seen
+    by that one connection)."""
+
+    def __init__(self, outbox: Outbox, backend: str) -> None:
+        super().__init__()
+        self.outbox = outbox
+        self.backend = backend
+        self.victim: int | None = None
+
+    def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+        kill = "SELECT pg_terminate_backend(:pid)" if self.backend == "postgresql" else "KILL :pid"
+        with self.outbox.engine.connect() as conn:
+            conn.execute(sa.text(kill), {"pid": self.victim})
+        return super().publish(events)
+
+
+def _backend_pid(conn: sa.Connection, backend: str) -> int:
+    query = "SELECT pg_backend_pid()" if backend == "postgresql" else "SELECT CONNECTION_ID()"
+    pid = int(conn.execute(sa.text(query)).scalar_one())
+    conn.rollback()  # leave the relay's connection as it was: no transaction open
+    return pid
+
+
+@pytest.mark.needs_server
+def test_a_settle_whose_connection_died_is_retried_on_a_fresh_one(
+    outbox: Outbox, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Published events are marked sent at once, not left leased until the lease expires."""
+    if backend not in ("postgresql", "mysql"):
+        pytest.skip("ends a server session from another one")
+    enqueue_many(outbox, 5)
+    broker = KillingBroker(outbox, backend)
+    relay = outbox.relay(broker, lease=30, reap_interval=0, cleanup_after=0)
+    changes = DatabaseChanges()
+    relay.observers.append(changes)
+    broker.victim = _backend_pid(relay.conn, backend)
+
+    result = relay.run_once()  # claim, publish (the connection dies), settle
+
+    assert (result.claimed, result.sent) == (5, 5)
+    assert [r.state for r in rows(outbox)] == [State.SENT] * 5
+    assert broker.published and len(broker.published) == 5
+    # One session ended while the server answers is no outage: no 503, no pause in reaping.
+    assert changes.states == []
+    assert "reconnected (the database answers)" in caplog.text
+    assert relay.database_state.up and relay.connections.may_reap()
+    relay.close()
+
+
+class DatabaseChanges(RelayObserver):
+    def __init__(self) -> None:
+        self.states: list[Any] = []
+
+    def database_changed(self, state: Any) -> None:
+        self.states.append(state)
+
+
+def test_reaping_waits_after_the_database_returns(outbox: Outbox) -> None:
+    """Leases that ran out during an outage belong to relays whose settles are landing."""
+    from outbox_core.errors import DatabaseError
+    from outbox_core.relay.connections import REAP_GRACE
+
+    relay = outbox.relay(SwitchBroker(), reap_interval=0, cleanup_after=0)
+    connections = relay.connections
+    assert connections.may_reap()
+    connections._went_down(DatabaseError("connect failed", unreachable=True))
+    assert not relay.database_state.up and not connections.may_reap()
+    # The first reap after the outage only probes: the database answers, the grace starts.
+    assert relay.reap() == 0
+    assert relay.database_state.up
+    assert not connections.may_reap() and relay.reap() == 0
+    time.sleep(REAP_GRACE + 0.1)
+    assert connections.may_reap()
+    relay.close()
+
+
+def test_which_errors_are_of_the_moment_is_each_databases_knowledge(outbox: Outbox) -> None:
+    """A misspelt column is no outage on any database (PyMySQL and sqlite3 file it under
+    OperationalError); a lost connection, a deadlock or a busy file is."""
+    from outbox_core.errors import DatabaseError
+
+    relay = outbox.relay(SwitchBroker(), reap_interval=0, cleanup_after=0)
+
+    def broken(conn: sa.Connection) -> None:
+        with relay.dialect.transaction(conn):
+            conn.execute(sa.text("SELECT no_such_column FROM " + outbox.table.name))
+
+    with pytest.raises(DatabaseError) as caught:
+        relay.connections.call("broken", broken)
+    assert not caught.value.transient and not caught.value.unreachable
+    assert relay.database_state.up
+    relay.close()

@@ -132,7 +132,9 @@ def fill(outbox: Outbox, n: int, keys: int, *, states: bool = True) -> None:
         topic = ("order.created", "order.paid", "ünïcode.topic")[i % 3]
         key = None if i % 101 == 0 else f"order-{i % keys}"
         headers = None if i % 4 == 0 else {"traceparent": f"00-{i:032x}-{i:016x}-01", "x": "é"}
-        event = build_new_event(topic, payload_for(i), key=key, headers=headers)
+        event = build_new_event(
+            topic, payload_for(i), key=key, headers=headers, portable_topics=False
+        )
         created = base + timedelta(microseconds=37 * i + 1)
         rows.append(
             {

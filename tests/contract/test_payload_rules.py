@@ -81,10 +81,11 @@ def test_a_lone_surrogate_in_a_header_is_refused(outbox: Outbox) -> None:
 
 def test_a_topic_is_limited_in_characters_not_in_amqp_bytes(outbox: Outbox) -> None:
     """The table holds 255 characters; the 255-byte routing key is RabbitMQ's rule, at publish."""
+    loose = Outbox(outbox.engine, table=outbox.table.name, portable_topics=False)
     with outbox.engine.begin() as conn:
         with pytest.raises(EventError, match="topic is 256 characters long; the limit is 255"):
-            outbox.enqueue(conn, "t" * 256, {})
-        outbox.enqueue(conn, "з" * 200, {})  # 400 bytes of UTF-8: fine for non-AMQP brokers
+            loose.enqueue(conn, "t" * 256, {})
+        loose.enqueue(conn, "з" * 200, {})  # 400 bytes of UTF-8: fine for non-AMQP brokers
     with outbox.engine.connect() as conn:
         assert conn.execute(sa.select(outbox.table.c.topic)).scalar_one() == "з" * 200
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import sqlalchemy as sa
 
 from outbox_core import Outbox
 from outbox_core.brokers.base import Broker
@@ -295,3 +296,38 @@ def test_a_relay_sequences_keys_for_an_orderless_broker(tmp_path: Path) -> None:
             ).all()
         )
     assert sorted(attempts.values()) == [0, 1, 1, 1]  # the released third event spent nothing
+
+
+def test_a_retried_settle_goes_on_from_the_step_that_failed() -> None:
+    """forgive is not fenced by the token: a retry must not take back a second attempt."""
+    from types import SimpleNamespace
+
+    from outbox_core.errors import DatabaseError
+    from outbox_core.relay.settle import Writer
+
+    calls: list[str] = []
+    broken = {"mark_failed": 1}
+
+    def step(name: str, result: int) -> Any:
+        def run(conn: Any, *args: Any, **kwargs: Any) -> int:
+            calls.append(name)
+            if broken.get(name):
+                broken[name] -= 1
+                raise sa.exc.OperationalError("UPDATE", {}, Exception("connection lost"))
+            return result
+
+        return run
+
+    dialect = SimpleNamespace(
+        mark_sent=step("mark_sent", 1),  # 1 of 2 marked: the other was re-claimed
+        forgive=step("forgive", 1),
+        mark_failed=step("mark_failed", 1),
+        release=step("release", 1),
+    )
+    plan = SettlePlan("tok", [1, 2], [Failure(3, "nack", 1.0)], [], [4], 0, 0)
+    writer = Writer(dialect, plan, delete=False)  # type: ignore[arg-type]
+    with pytest.raises(DatabaseError):
+        writer(None)  # type: ignore[arg-type]
+    written = writer(None)  # type: ignore[arg-type]
+    assert calls == ["mark_sent", "forgive", "mark_failed", "mark_failed", "release"]
+    assert (written.sent, written.failed, written.released) == (1, 1, 1)
