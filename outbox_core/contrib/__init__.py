@@ -1,0 +1,1 @@
+"""Integrations with frameworks (each one an optional extra)."""

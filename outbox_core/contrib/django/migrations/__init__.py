@@ -1,0 +1,1 @@
+"""The outbox app's migrations."""

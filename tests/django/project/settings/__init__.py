@@ -1,0 +1,1 @@
+"""One settings module per database: sqlite, postgresql, postgresql_psycopg2, mariadb."""
