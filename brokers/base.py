@@ -127,15 +127,28 @@ REGISTRY: dict[str, str] = {
     "amqps": "outbox_core.brokers.rabbitmq:RabbitMQBroker",
     "http": "outbox_core.brokers.webhook:WebhookBroker",
     "https": "outbox_core.brokers.webhook:WebhookBroker",
+    "kafka": "outbox_core.brokers.kafka:KafkaBroker",
     "memory": "outbox_core.brokers.memory:MemoryBroker",
+    "nats": "outbox_core.brokers.nats:NatsBroker",
     "python": "outbox_core.brokers.callable:CallableBroker",
+    "redis": "outbox_core.brokers.redis:RedisBroker",
+    "rediss": "outbox_core.brokers.redis:RedisBroker",
 }
 
 #: The entry-point group a package ships a broker under: the entry point's
 #: name is the URL scheme, its value ``package.module:Class``.
 ENTRY_POINT_GROUP: Final = "outbox_core.brokers"
 
-_EXTRAS = {"amqp": "rabbitmq", "amqps": "rabbitmq", "http": "webhook", "https": "webhook"}
+_EXTRAS = {
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+    "http": "webhook",
+    "https": "webhook",
+    "kafka": "kafka",
+    "nats": "nats",
+    "redis": "redis",
+    "rediss": "redis",
+}
 
 #: Built-ins, :func:`register_broker`'s classes and installed plug-ins.
 PLUGINS = PluginRegistry("broker", ENTRY_POINT_GROUP, REGISTRY)

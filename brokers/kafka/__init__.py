@@ -1,0 +1,368 @@
+"""Kafka broker (``kafka://host:port[,host:port...]``), built on confluent-kafka (librdkafka).
+
+A batch is produced as a batch: every record goes into librdkafka's queue,
+then the broker flushes and collects one delivery report per record. The
+producer is idempotent with ``acks=all``: librdkafka retries inside
+``delivery_timeout`` without reordering a partition or writing a retry twice,
+so a key's records (one partition) keep the batch's order
+(:attr:`KafkaBroker.keeps_batch_order`).
+
+Outcomes, from the delivery reports and from ``produce()`` itself:
+
+* delivered -> ``ok`` (every in-sync replica has it);
+* a record Kafka will never take -> ``reject``: too large
+  (``message.max.bytes``, 1,000,000 bytes by default, checked by librdkafka
+  before sending; the broker's own limit), an invalid topic name (checked
+  before producing), topic authorisation refused, a record or policy the
+  broker refuses;
+* anything else the broker answers for one record (an unknown topic where
+  auto-creation is off, not enough replicas, a timeout while other records of
+  the batch got through) -> ``retry``;
+* every broker unreachable (librdkafka's ``_ALL_BROKERS_DOWN``, at the start
+  or while the batch waits), or no record of the batch delivered before
+  ``delivery_timeout`` -> ``unavailable``: records still queued or in flight
+  are purged and given back without spending an attempt; the next batch,
+  or :meth:`KafkaBroker.probe`, asks the cluster for its metadata first.
+
+A fatal producer error (the idempotent producer's state is lost) makes the
+batch's undelivered records ``retry`` and replaces the producer.
+
+Options (keyword arguments of :meth:`KafkaBroker.from_url`; strings are
+accepted so ``--broker-option key=value`` works): ``topic`` (a fixed topic or
+a template with ``{topic}``), ``envelope`` (``plain``, ``cloudevents``,
+``cloudevents-binary``), ``source`` (CloudEvents source, ``outbox``),
+``shape`` (``outbox``; ``debezium``: the Debezium outbox event router's
+message: header ``id``, topic ``outbox.event.{topic}``), ``delivery_timeout``
+(30 s, librdkafka's ``message.timeout.ms``), ``connect_timeout`` (5 s: a
+probe's metadata request, a connection's set-up). Any librdkafka property
+(a name with a dot, or ``acks``, ``partitioner``, ``debug``, ``retries``)
+passes through: ``security.protocol``, ``sasl.mechanism``,
+``sasl.username``, ``sasl.password``, ``ssl.ca.location``,
+``message.max.bytes``, ``linger.ms``, ``compression.type``... Secret values
+(passwords, keys, tokens) are masked in every message.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException
+
+from outbox_core.brokers.base import Broker
+from outbox_core.brokers.kafka.mapping import (
+    EVENT_ID_HEADER,
+    KafkaRecord,
+    build_record,
+)
+from outbox_core.brokers.kafka.options import (
+    ENVELOPES,
+    KafkaOptions,
+    from_url_options,
+    mask_secrets,
+    masked_config,
+)
+from outbox_core.errors import ConfigurationError
+from outbox_core.message import Event, Outcome
+from outbox_core.redaction import mask_url
+
+__all__ = ["ENVELOPES", "EVENT_ID_HEADER", "KafkaBroker", "KafkaOptions", "KafkaRecord"]
+
+log = logging.getLogger("outbox.brokers.kafka")
+#: librdkafka's own log lines (routed through Python logging, so they are masked).
+client_log = logging.getLogger("outbox.brokers.kafka.librdkafka")
+
+#: Errors of one record that no retry will cure.
+REJECTED: Final = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.TOPIC_EXCEPTION,  # invalid topic
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+        KafkaError._INVALID_ARG,
+    }
+)
+#: Records the broker purged from librdkafka's queue (an outage, or close).
+PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+#: How often the wait for delivery reports looks at the cluster's state.
+_TICK: Final = 0.2
+#: librdkafka's text of ``_ALL_BROKERS_DOWN``: "3/3 brokers are down".
+_DOWN_COUNT: Final = re.compile(r"^(\d+)/(\d+) brokers are down")
+
+
+def every_broker_down(text: str) -> bool:
+    """librdkafka's ``_ALL_BROKERS_DOWN`` means it (it also says "0/4 brokers are down")."""
+    match = _DOWN_COUNT.match(text)
+    return match is None or 0 < int(match.group(1)) == int(match.group(2))
+
+
+class _ClientLog:
+    """librdkafka's log lines into Python logging (where they are masked).
+
+    A refused or lost connection is logged by librdkafka for every broker at
+    every reconnect attempt; the broker's one outage line says it instead,
+    so those lines go to DEBUG.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        if args and args[0] in ("FAIL", "PARTCNT"):
+            level = logging.DEBUG
+        if client_log.isEnabledFor(level):
+            # librdkafka's debug output may quote a property: secrets are masked.
+            client_log.log(level, "%s", mask_secrets(msg % args if args else msg, self.config))
+
+
+class _Batch:
+    """One batch's delivery reports as they come in."""
+
+    __slots__ = ("delivered", "errors", "pending")
+
+    def __init__(self, size: int) -> None:
+        #: position -> librdkafka's error (None: delivered)
+        self.errors: dict[int, KafkaError | None] = {}
+        self.pending = 0
+        self.delivered = 0
+
+    def report(self, index: int, error: KafkaError | None, _message: Any) -> None:
+        self.errors[index] = error
+        self.pending -= 1
+        if error is None:
+            self.delivered += 1
+
+
+class KafkaBroker(Broker):
+    """Produces to Kafka with an idempotent, ``acks=all`` producer.
+
+    One instance serves one relay; :meth:`publish` and :meth:`probe` are
+    serialised. Options: :attr:`options` (:class:`KafkaOptions`); the record:
+    ``kafka.mapping``; librdkafka's configuration: :attr:`config` (secrets
+    included: never print it; :meth:`describe_config` masks them).
+    """
+
+    #: librdkafka reports an outage through callbacks, not exceptions; the
+    #: exceptions ``produce()`` raises are the record's (see :meth:`unavailable_outcome`).
+    unavailable_errors = ()
+    quiet_loggers = (client_log.name,)
+
+    def __init__(
+        self, config: dict[str, Any], options: KafkaOptions | None = None, *, display: str
+    ) -> None:
+        self.options = options if options is not None else KafkaOptions()
+        self.config = config
+        self.display = display
+        self._template = self.options.topic_template()
+        self._lock = threading.Lock()
+        self._closed = False
+        #: Why every broker is unreachable (librdkafka's last word), None while one answers.
+        self._down: str | None = None
+        #: The last connection-level error, to say why in an outage.
+        self._last_error: str | None = None
+        self._fatal: str | None = None
+        self._producer = self._new_producer()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> KafkaBroker:
+        """Create the broker for a ``kafka://`` URL; see the module docs."""
+        opts, config = from_url_options(url, options)
+        return cls(config, opts, display=mask_url(url))
+
+    def __repr__(self) -> str:
+        return f"KafkaBroker({self.display!r}, topic={self._template!r})"
+
+    def describe_config(self) -> dict[str, Any]:
+        """librdkafka's configuration with every secret masked."""
+        return masked_config(self.config)
+
+    # -- the producer ---------------------------------------------------------
+
+    def _new_producer(self) -> confluent_kafka.Producer:
+        config = dict(self.config)
+        config["error_cb"] = self._on_error
+        config["logger"] = _ClientLog(self.config)
+        try:
+            return confluent_kafka.Producer(config)
+        except (KafkaException, ValueError, TypeError) as exc:
+            detail = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+            raise ConfigurationError(
+                f"Kafka producer configuration refused: {mask_secrets(detail, self.config)}"
+            ) from None
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's global errors (served by poll/flush on the broker's thread)."""
+        text = mask_secrets(error.str(), self.config)
+        code = error.code()
+        if error.fatal():
+            self._fatal = text
+            log.error("%s: fatal producer error: %s", self.display, text)
+        elif code == KafkaError._ALL_BROKERS_DOWN and every_broker_down(text):
+            if self._down is None:
+                log.warning("Kafka at %s unavailable: %s", self.display, self._why(text))
+            self._down = self._why(text)
+        else:
+            self._last_error = text
+
+    def _why(self, text: str) -> str:
+        return f"{text} ({self._last_error})" if self._last_error else text
+
+    def _check_cluster(self) -> str | None:
+        """Ask the cluster for its metadata; None when a broker answers, else why not."""
+        try:
+            self._producer.list_topics(timeout=self.options.connect_timeout)
+        except KafkaException as exc:
+            self._producer.poll(0)  # take in the error callbacks that say why
+            reason = self._down or self._last_error or exc.args[0].str()
+            return f"Kafka unavailable at {self.display}: {mask_secrets(reason, self.config)}"
+        if self._down is not None:
+            log.info("Kafka at %s answers again", self.display)
+        self._down = None
+        self._last_error = None
+        return None
+
+    # -- publishing -----------------------------------------------------------
+
+    def build_record(self, event: Event) -> KafkaRecord:
+        """The record produced for ``event``; ValueError / TypeError when it cannot be built."""
+        return build_record(event, self.options, self._template)
+
+    def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
+        """Produce the batch, then collect its delivery reports; one outcome per event."""
+        if not events:
+            return []
+        with self._lock:
+            if self._closed:
+                return [Outcome.unavailable("Kafka broker is closed")] * len(events)
+            if self._fatal is not None:
+                self._replace_producer()
+            self._producer.poll(0)  # errors that came while idle
+            if self._down is not None:
+                down = self._check_cluster()
+                if down is not None:
+                    return [Outcome.unavailable(down)] * len(events)
+            try:
+                return self._publish(events)
+            except Exception as exc:  # librdkafka misbehaving: never raise from publish
+                log.exception("publishing to %s failed", self.display)
+                self._purge()
+                reason = mask_secrets(f"publish failed: {type(exc).__name__}: {exc}", self.config)
+                return [Outcome.retry(reason)] * len(events)
+
+    def _publish(self, events: Sequence[Event]) -> list[Outcome]:
+        producer = self._producer
+        batch = _Batch(len(events))
+        outcomes: list[Outcome | None] = [None] * len(events)
+        deadline = time.monotonic() + self.options.delivery_timeout + 5
+        for index, event in enumerate(events):
+            try:
+                record = self.build_record(event)
+            except (ValueError, TypeError) as exc:
+                outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
+                continue
+            while True:
+                try:
+                    producer.produce(
+                        record.topic,
+                        record.value,
+                        record.key,
+                        headers=record.headers,
+                        on_delivery=functools.partial(batch.report, index),
+                    )
+                except BufferError:  # librdkafka's queue is full: let it drain
+                    if time.monotonic() > deadline or self._down is not None:
+                        outcomes[index] = Outcome.unavailable(
+                            f"Kafka at {self.display} is not taking records (queue full)"
+                        )
+                        break
+                    producer.poll(_TICK)
+                    continue
+                except KafkaException as exc:
+                    outcomes[index] = self._outcome(exc.args[0], batch)
+                    break
+                batch.pending += 1
+                break
+        while batch.pending > 0 and self._down is None and self._fatal is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            producer.flush(min(_TICK, left))
+        if batch.pending > 0:
+            # Every broker gone (or no report in time): take back what librdkafka
+            # still holds, so it cannot be written after the relay gave it back.
+            self._purge()
+        for index, error in batch.errors.items():
+            outcomes[index] = Outcome.ok() if error is None else self._outcome(error, batch)
+        if self._fatal is not None:  # the producer's fault, not the cluster's: spend an attempt
+            unsent = Outcome.retry(f"fatal producer error: {self._fatal}")
+        else:
+            down = self._down or f"no delivery report from Kafka at {self.display} in time"
+            unsent = Outcome.unavailable(down)
+        return [o if o is not None else unsent for o in outcomes]
+
+    def _outcome(self, error: KafkaError, batch: _Batch) -> Outcome:
+        code = error.code()
+        text = mask_secrets(error.str(), self.config)
+        if code in PURGED:
+            return Outcome.unavailable(f"not delivered: {self._down or text}")
+        if code == KafkaError._MSG_TIMED_OUT and (self._down is not None or not batch.delivered):
+            # Nothing of the batch got through in time: the cluster's trouble.
+            return Outcome.unavailable(f"not delivered: {self._down or text}")
+        if error.fatal():
+            return Outcome.retry(f"fatal producer error: {text}")
+        if code in REJECTED:
+            return Outcome.reject(f"Kafka refused the record: {text}")
+        return Outcome.retry(f"Kafka: {text}")
+
+    def _purge(self) -> None:
+        try:
+            self._producer.purge(in_queue=True, in_flight=True)
+            self._producer.flush(0)  # serve the purged records' reports
+        except KafkaException:
+            log.debug("purge failed", exc_info=True)
+
+    def _replace_producer(self) -> None:
+        log.warning("%s: replacing the producer after a fatal error: %s", self.display, self._fatal)
+        old, self._producer = self._producer, self._new_producer()
+        self._fatal = None
+        try:
+            old.purge()
+            old.close()
+        except (KafkaException, RuntimeError):
+            log.debug("closing the old producer failed", exc_info=True)
+
+    def probe(self) -> str | None:
+        """Ask the cluster for its metadata without producing; None when a broker answers."""
+        with self._lock:
+            if self._closed:
+                return "Kafka broker is closed"
+            return self._check_cluster()
+
+    def unavailable_outcome(self, exc: BaseException) -> Outcome | None:
+        """``unavailable`` for librdkafka's "every broker is down" and transport errors."""
+        if isinstance(exc, KafkaException) and exc.args:
+            code = exc.args[0].code()
+            if code in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+                return Outcome.unavailable(mask_secrets(exc.args[0].str(), self.config))
+        return None
+
+    def close(self) -> None:
+        """Purge what is left and close the producer; later publishes are ``unavailable``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._purge()
+            try:
+                self._producer.close()
+            except (KafkaException, RuntimeError):
+                log.debug("closing the producer failed", exc_info=True)

@@ -1,0 +1,218 @@
+"""The Kafka broker's options (one frozen dataclass), its URL, and the producer's configuration.
+
+Options the broker knows are :class:`KafkaOptions` fields. Every other option
+whose name contains a dot (``security.protocol``, ``sasl.password``,
+``ssl.ca.location``, ``message.max.bytes``, ``linger.ms``...) or is one of
+:data:`DOTLESS_PROPERTIES` goes to librdkafka as it is, which checks it when
+the producer is created. The properties the broker's guarantees rest on
+(idempotence, ``acks=all``) cannot be turned off.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_args
+from urllib.parse import urlsplit
+
+from outbox_core.brokers import cloudevents
+from outbox_core.errors import ConfigurationError
+from outbox_core.fields import checked, from_values, setting
+from outbox_core.redaction import mask_url
+
+DEFAULT_PORT: Final = 9092
+
+#: Kafka's own rule for topic names (``org.apache.kafka.common.internals.Topic``).
+TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+MAX_TOPIC_LENGTH: Final = 249
+
+#: The Debezium outbox event router's default ``route.topic.replacement``
+#: (``outbox.event.${routedByValue}``), with the event's topic as the routed value.
+DEBEZIUM_TOPIC: Final = "outbox.event.{topic}"
+
+#: librdkafka properties without a dot in their name that may be passed through.
+DOTLESS_PROPERTIES: Final = frozenset({"acks", "partitioner", "debug", "retries"})
+
+#: Properties the broker sets itself: the URL's servers and its callbacks.
+RESERVED: Final = frozenset({"bootstrap.servers", "error_cb", "logger", "on_delivery"})
+
+#: Where a property's value is a secret: never printed, masked in errors.
+_SECRET: Final = re.compile(r"password|secret|jaas|token|\.pem$|key\.pem", re.IGNORECASE)
+
+Envelope = Literal["plain", "cloudevents", "cloudevents-binary"]
+Shape = Literal["outbox", "debezium"]
+ENVELOPES: Final = get_args(Envelope)
+SHAPES: Final = get_args(Shape)
+
+
+def is_secret(name: str) -> bool:
+    """The librdkafka property ``name`` holds a secret (a password, a key, a token)."""
+    return bool(_SECRET.search(name))
+
+
+def check_topic_name(name: str) -> str:
+    """``name`` when Kafka accepts it as a topic; else :class:`ValueError` saying why."""
+    if name in (".", "..") or not TOPIC_NAME.fullmatch(name):
+        if len(name) > MAX_TOPIC_LENGTH:
+            reason = f"it is {len(name)} characters, Kafka allows {MAX_TOPIC_LENGTH}"
+        else:
+            reason = "Kafka allows only ASCII letters, digits, '.', '_' and '-', not '.' or '..'"
+        raise ValueError(f"{name[:80]!r} is not a valid Kafka topic name: {reason}")
+    return name
+
+
+def _check_topic(value: Any, name: str = "topic") -> str:
+    template = str(value)
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        if fields - {"topic"}:
+            raise ConfigurationError(
+                f"topic {template!r}: only {{topic}} may appear in it (the event's topic)"
+            )
+        sample = template.format(topic="t")
+    except (ValueError, IndexError, KeyError) as exc:
+        raise ConfigurationError(f"topic {template!r} is not a valid template: {exc}") from None
+    try:
+        check_topic_name(sample)
+    except ValueError as exc:
+        raise ConfigurationError(f"topic option: {exc}") from None
+    return template
+
+
+def _as_source(value: Any, name: str) -> str:
+    return cloudevents.check_source(value)
+
+
+@checked
+@dataclass(frozen=True)
+class KafkaOptions:
+    """The Kafka broker's options, converted from strings by their field types.
+
+    See :mod:`outbox_core.brokers.kafka` for what each one does.
+    """
+
+    #: A fixed topic, or a template with ``{topic}``; None: the event's topic
+    #: (``outbox.event.{topic}`` with ``shape=debezium``).
+    topic: str | None = setting(None, convert=_check_topic)
+    envelope: Envelope = "plain"
+    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    #: ``outbox``: header ``event_id``; ``debezium``: the outbox event router's
+    #: message (header ``id``, topic ``outbox.event.<topic>``).
+    shape: Shape = "outbox"
+    #: How long librdkafka may try to deliver a message (``message.timeout.ms``).
+    delivery_timeout: float = setting(30.0, positive=True)
+    #: A probe's metadata request and a connection's set-up time limit.
+    connect_timeout: float = setting(5.0, positive=True)
+
+    def topic_template(self) -> str:
+        """The template the Kafka topic is made from (``{topic}``: the event's)."""
+        if self.topic is not None:
+            return self.topic
+        return DEBEZIUM_TOPIC if self.shape == "debezium" else "{topic}"
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(the broker's options, librdkafka properties)`` from keyword options."""
+    mine: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    for name, value in options.items():
+        if "." in name or name in DOTLESS_PROPERTIES or name.endswith("_cb"):
+            client[name] = value
+        else:
+            mine[name] = value
+    return mine, client
+
+
+def bootstrap_servers(url: str) -> str:
+    """``host:port,host:port`` from ``kafka://host:port[,host:port...]`` (port 9092 by default)."""
+    shown = mask_url(url)
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "kafka":
+        raise ConfigurationError(f"not a kafka:// URL: {shown!r}")
+    if "@" in parts.netloc:
+        raise ConfigurationError(
+            f"invalid Kafka URL {shown!r}: credentials do not go in the URL; use "
+            "--broker-option sasl.username=... --broker-option sasl.password=... "
+            "(with security.protocol and sasl.mechanism)"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigurationError(
+            f"invalid Kafka URL {shown!r}: expected kafka://host:port[,host:port...] "
+            "(options go in --broker-option)"
+        )
+    servers = []
+    for item in parts.netloc.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep:
+            host, port = item.strip(), str(DEFAULT_PORT)
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(
+                f"invalid Kafka URL {shown!r}: {item!r} is not host:port "
+                "(expected kafka://host:port[,host:port...])"
+            )
+        servers.append(f"{host}:{port}")
+    return ",".join(servers)
+
+
+def producer_config(servers: str, opts: KafkaOptions, client: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka's configuration: the broker's fixed properties, then the user's."""
+    reserved = sorted(set(client) & RESERVED)
+    if reserved:
+        raise ConfigurationError(
+            f"Kafka broker option(s) {', '.join(reserved)} are set by the broker itself "
+            "(the servers come from the kafka:// URL)"
+        )
+    idempotence = str(client.get("enable.idempotence", "true")).strip().lower()
+    if idempotence not in ("true", "1"):
+        raise ConfigurationError(
+            "enable.idempotence cannot be turned off: it keeps each key's order when "
+            "librdkafka retries and stops retries from writing duplicates"
+        )
+    if str(client.get("acks", "all")).strip().lower() not in ("all", "-1"):
+        raise ConfigurationError(
+            "acks must be 'all': an event is marked sent only once every in-sync replica has it"
+        )
+    config: dict[str, Any] = {
+        "bootstrap.servers": servers,
+        "client.id": "outbox-toolkit-relay",
+        "enable.idempotence": True,
+        "acks": "all",
+        # The Java client's partitioner: a key lands on the partition Java
+        # producers (Debezium, Kafka Connect) would choose.
+        "partitioner": "murmur2_random",
+        "message.timeout.ms": int(opts.delivery_timeout * 1000),
+        "socket.connection.setup.timeout.ms": int(opts.connect_timeout * 1000),
+        # librdkafka's default backoff grows to 10 s: after an outage the relay
+        # would wait that long for a broker that is already back.
+        "reconnect.backoff.max.ms": 1000,
+        # A broker closing an idle connection is routine, not worth a log line.
+        "log.connection.close": False,
+    }
+    config.update(client)
+    return config
+
+
+def masked_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with every secret value replaced by ``***`` (for messages)."""
+    return {k: ("***" if is_secret(k) else v) for k, v in config.items()}
+
+
+def mask_secrets(text: str, config: Mapping[str, Any]) -> str:
+    """``text`` with the secret values of ``config`` masked (a client error may quote one)."""
+    for name, value in config.items():
+        if is_secret(name) and isinstance(value, str) and value:
+            text = text.replace(value, "***")
+    return mask_url(text)
+
+
+def from_url_options(url: str, options: Mapping[str, Any]) -> tuple[KafkaOptions, dict[str, Any]]:
+    """The broker's options and librdkafka's configuration from the URL and ``options``.
+
+    Strings are accepted for every option, so ``--broker-option key=value``
+    works; an unknown option or a bad value raises :class:`ConfigurationError`.
+    """
+    mine, client = split_options(options)
+    opts = from_values(KafkaOptions, mine, what="Kafka broker option")
+    return opts, producer_config(bootstrap_servers(url), opts, client)

@@ -1,0 +1,406 @@
+"""The Kafka broker, against librdkafka's mock cluster (``tests/kafka_mock.py``).
+
+* The broker contract of ``test_brokers.py``, its test functions run here
+  through a Kafka harness (the ``harness`` fixture below).
+* The record: key, headers, topic option, Debezium shape, CloudEvents binary
+  and structured modes read back with the CloudEvents SDK's Kafka binding.
+* Outcomes: too large and invalid topic and topic authorisation refused ->
+  reject; a retriable broker error retried by librdkafka in order; every
+  broker down (at the start or in the middle of a batch) -> unavailable with
+  nothing written, then delivery once the cluster is back.
+* Options and passwords: bad options refused by name, secrets masked.
+
+The relay as an ``outbox relay`` process, the CLI and interop with another
+client library are in ``test_kafka_relay.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cloudevents.core.bindings import kafka as ce_kafka
+from confluent_kafka import KafkaError, KafkaException
+
+from outbox_core.brokers.base import Broker, create_broker
+from outbox_core.brokers.kafka import KafkaBroker, KafkaOptions, every_broker_down
+from outbox_core.errors import ConfigurationError
+from outbox_core.message import Event, OutcomeKind
+from tests.contract.broker_fixtures import TRACEPARENT, make_event, unused_port
+from tests.contract.test_brokers import (  # the contract, run here with the Kafka harness
+    Harness,
+    kinds,
+    test_broker_down_every_outcome_unavailable_and_no_exception,
+    test_consecutive_batches_reuse_the_broker,
+    test_empty_batch,
+    test_every_event_ok_in_order_and_really_arrived,
+    test_large_batch,
+    test_mixed_batch_outcomes_line_up_with_events,
+    test_permanent_failure_is_reject_with_reason,
+    test_probe_of_a_broker_that_is_up,
+    test_publish_after_close_is_unavailable,
+    test_transient_failure_is_retry_with_retry_after,
+)
+from tests.kafka_mock import MockCluster, Record, read_all
+
+__all__ = [
+    "test_broker_down_every_outcome_unavailable_and_no_exception",
+    "test_consecutive_batches_reuse_the_broker",
+    "test_empty_batch",
+    "test_every_event_ok_in_order_and_really_arrived",
+    "test_large_batch",
+    "test_mixed_batch_outcomes_line_up_with_events",
+    "test_permanent_failure_is_reject_with_reason",
+    "test_probe_of_a_broker_that_is_up",
+    "test_publish_after_close_is_unavailable",
+    "test_transient_failure_is_retry_with_retry_after",
+]
+
+OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
+DOWN = OutcomeKind.UNAVAILABLE
+#: Over librdkafka's default message.max.bytes (1,000,000).
+TOO_LARGE = {"blob": "x" * 1_100_000}
+
+
+@pytest.fixture
+def cluster() -> Iterator[MockCluster]:
+    mock = MockCluster(3)
+    yield mock
+    mock.close()
+
+
+@pytest.fixture
+def kafka(cluster: MockCluster) -> Iterator[KafkaBroker]:
+    broker = KafkaBroker.from_url(cluster.url, connect_timeout=2)
+    yield broker
+    broker.close()
+
+
+def by_id(records: list[Record]) -> dict[str, Record]:
+    return {r.event_id: r for r in records}
+
+
+@pytest.fixture
+def harness(cluster: MockCluster) -> Iterator[Harness]:
+    """The contract's questions answered for Kafka (overrides ``test_brokers.harness``)."""
+
+    def arrived() -> dict[str, tuple[str, dict[str, Any], Any]]:
+        return {
+            r.event_id: (
+                r.topic,
+                {k: v.decode() for k, v in r.headers.items()},
+                json.loads(r.value),
+            )
+            for r in read_all(cluster.bootstrap)
+        }
+
+    def fail(event: Event, kind: str, retry_after: float | None) -> Event:
+        if kind != "reject":
+            pytest.skip("the mock cluster fails whole requests, not one record, transiently")
+        return make_event(event.topic, key=event.key, payload=TOO_LARGE)
+
+    def down() -> Broker:
+        return KafkaBroker.from_url(f"kafka://127.0.0.1:{unused_port()}", connect_timeout=1)
+
+    broker = KafkaBroker.from_url(cluster.url, connect_timeout=2)
+    h = Harness("kafka", broker, arrived, fail, down=down, can_retry=False)
+    yield h
+    h.broker.close()
+
+
+# ---------------------------------------------------------------------------
+# The record
+
+
+def test_record_key_headers_and_value(kafka: KafkaBroker, cluster: MockCluster) -> None:
+    events = [make_event("orders.created", key=f"order-{i % 3}") for i in range(30)]
+    events.append(make_event("orders.created", headers={"n": 7}))  # type: ignore[dict-item]
+    assert kinds(kafka.publish(events)) == [OK] * len(events)
+    records = read_all(cluster.bootstrap, ["orders.created"])
+    got = by_id(records)
+    for event in events[:30]:
+        record = got[event.event_id]
+        assert record.key == event.key
+        assert json.loads(record.value) == event.payload
+        assert record.headers["event_id"] == event.event_id.encode()
+        assert record.headers["traceparent"] == TRACEPARENT.encode()
+        assert record.headers["x-test"] == b"1"
+        assert record.headers["content-type"] == b"application/json"
+    keyless = got[events[30].event_id]
+    assert keyless.key is None
+    assert keyless.headers["n"] == b"7"  # a non-text header value travels as its JSON
+    # One partition per key, each key's records in the order published.
+    for key in ("order-0", "order-1", "order-2"):
+        mine = [r for r in records if r.key == key]
+        assert len({r.partition for r in mine}) == 1
+        expected = [e.event_id for e in events if e.key == key]
+        assert [r.event_id for r in sorted(mine, key=lambda r: r.offset)] == expected
+
+
+def test_topic_option_fixed_and_template(cluster: MockCluster) -> None:
+    fixed = KafkaBroker.from_url(cluster.url, topic="all-events")
+    templated = KafkaBroker.from_url(cluster.url, topic="app.{topic}")
+    try:
+        first, second = make_event("a.b"), make_event("a.b")
+        assert kinds(fixed.publish([first])) == [OK]
+        assert kinds(templated.publish([second])) == [OK]
+    finally:
+        fixed.close()
+        templated.close()
+    assert [r.event_id for r in read_all(cluster.bootstrap, ["all-events"])] == [first.event_id]
+    assert [r.event_id for r in read_all(cluster.bootstrap, ["app.a.b"])] == [second.event_id]
+
+
+def test_debezium_shape(cluster: MockCluster) -> None:
+    """The outbox event router's message: key, ``id`` header, ``outbox.event.<topic>``."""
+    broker = create_broker(cluster.url, shape="debezium")
+    event = make_event("Order", key="order-42")
+    try:
+        assert kinds(broker.publish([event])) == [OK]
+    finally:
+        broker.close()
+    [record] = read_all(cluster.bootstrap, ["outbox.event.Order"])
+    assert record.key == "order-42"
+    assert record.headers["id"] == event.event_id.encode()
+    assert "event_id" not in record.headers
+    assert json.loads(record.value) == event.payload
+
+
+def test_cloudevents_structured_read_by_the_sdk(cluster: MockCluster) -> None:
+    broker = create_broker(cluster.url, envelope="cloudevents", source="/shop")
+    event = make_event("shop.order", key="o-1")
+    try:
+        assert kinds(broker.publish([event])) == [OK]
+    finally:
+        broker.close()
+    [record] = read_all(cluster.bootstrap, ["shop.order"])
+    assert record.headers["content-type"].startswith(b"application/cloudevents+json")
+    ce = ce_kafka.from_structured_event(
+        ce_kafka.KafkaMessage(record.headers, record.key, record.value)
+    )
+    assert ce.get_id() == event.event_id
+    assert ce.get_type() == "shop.order"
+    assert ce.get_source() == "/shop"
+    assert ce.get_subject() == "o-1"
+    assert ce.get_extension("traceparent") == TRACEPARENT
+    assert ce.get_data() == event.payload
+
+
+def test_cloudevents_binary_read_by_the_sdk(cluster: MockCluster) -> None:
+    broker = create_broker(cluster.url, envelope="cloudevents-binary")
+    event = make_event("shop.paid", key="o-2")
+    try:
+        assert kinds(broker.publish([event])) == [OK]
+    finally:
+        broker.close()
+    [record] = read_all(cluster.bootstrap, ["shop.paid"])
+    assert record.headers["ce_id"] == event.event_id.encode()
+    assert record.headers["ce_specversion"] == b"1.0"
+    assert record.headers["content-type"] == b"application/json"
+    ce = ce_kafka.from_binary_event(ce_kafka.KafkaMessage(record.headers, record.key, record.value))
+    assert ce.get_id() == event.event_id
+    assert ce.get_type() == "shop.paid"
+    assert ce.get_source() == "outbox"
+    assert ce.get_subject() == "o-2"
+    assert ce.get_datacontenttype() == "application/json"
+    assert ce.get_data() == event.payload
+    assert record.headers["event_id"] == event.event_id.encode()  # the toolkit's header too
+
+
+# ---------------------------------------------------------------------------
+# Outcomes
+
+
+def test_too_large_and_invalid_topic_are_rejected_alone(
+    kafka: KafkaBroker, cluster: MockCluster
+) -> None:
+    events = [
+        make_event("sizes.t", key="k"),
+        make_event("sizes.t", key="k", payload=TOO_LARGE),
+        make_event("not a topic!", key="k"),
+        make_event("x" * 250, key="k"),
+        make_event("sizes.t", key="k"),
+    ]
+    outcomes = kafka.publish(events)
+    assert kinds(outcomes) == [OK, REJECT, REJECT, REJECT, OK]
+    assert "Message size too large" in (outcomes[1].error or "")
+    assert "not a valid Kafka topic name" in (outcomes[2].error or "")
+    assert "249" in (outcomes[3].error or "")
+    ids = [r.event_id for r in read_all(cluster.bootstrap, ["sizes.t"])]
+    assert ids == [events[0].event_id, events[4].event_id]
+
+
+def test_message_max_bytes_passes_through(cluster: MockCluster) -> None:
+    broker = create_broker(cluster.url, **{"message.max.bytes": "2000"})
+    try:
+        small, big = make_event("limits.t"), make_event("limits.t", payload={"b": "y" * 3000})
+        assert kinds(broker.publish([small, big])) == [OK, REJECT]
+    finally:
+        broker.close()
+
+
+def test_topic_authorization_failed_is_rejected(kafka: KafkaBroker, cluster: MockCluster) -> None:
+    cluster.fail_produce(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    [outcome] = kafka.publish([make_event("authz.t")])
+    assert outcome.kind is REJECT
+    assert "authorization" in (outcome.error or "").lower()
+
+
+def test_retriable_broker_errors_are_retried_in_order(
+    kafka: KafkaBroker, cluster: MockCluster
+) -> None:
+    """librdkafka retries NOT_ENOUGH_REPLICAS itself; the idempotent producer keeps the order."""
+    cluster.fail_produce(*[KafkaError.NOT_ENOUGH_REPLICAS] * 3)
+    events = [make_event("replicas.t", key="k") for _ in range(20)]
+    assert kinds(kafka.publish(events)) == [OK] * 20
+    records = sorted(read_all(cluster.bootstrap, ["replicas.t"]), key=lambda r: r.offset)
+    assert [r.event_id for r in records] == [e.event_id for e in events]  # no reorder, no duplicate
+
+
+def test_cluster_down_in_the_middle_of_a_batch_then_back(
+    kafka: KafkaBroker, cluster: MockCluster
+) -> None:
+    before = make_event("outage.t", key="k")
+    assert kinds(kafka.publish([before])) == [OK]
+    cluster.down()
+    events = [make_event("outage.t", key="k") for _ in range(10)]
+    outcomes = kafka.publish(events)
+    assert kinds(outcomes) == [DOWN] * 10
+    assert "brokers are down" in (outcomes[0].error or "")
+    assert kafka.probe() is not None
+    cluster.up()
+    assert kafka.probe() is None
+    assert kinds(kafka.publish(events)) == [OK] * 10  # what the relay does after the outage
+    ids = [
+        r.event_id
+        for r in sorted(read_all(cluster.bootstrap, ["outage.t"]), key=lambda r: r.offset)
+    ]
+    # The purged records were never written: no duplicate, the key's order kept.
+    assert ids == [before.event_id] + [e.event_id for e in events]
+
+
+def test_unreachable_at_start_is_unavailable_with_the_reason() -> None:
+    broker = KafkaBroker.from_url(f"kafka://127.0.0.1:{unused_port()}", connect_timeout=1)
+    try:
+        outcomes = broker.publish([make_event(), make_event()])
+        assert kinds(outcomes) == [DOWN, DOWN]
+        problem = broker.probe()
+        assert problem is not None
+        assert "Connection refused" in problem
+    finally:
+        broker.close()
+
+
+def test_a_broker_keeps_the_batch_order() -> None:
+    """The relay sends a batch with several events of a key at once: one partition keeps it."""
+    assert KafkaBroker.keeps_batch_order is True
+
+
+# ---------------------------------------------------------------------------
+# Options and secrets
+
+
+def test_options_from_strings(cluster: MockCluster) -> None:
+    broker = create_broker(
+        cluster.url,
+        envelope="CloudEvents-Binary",
+        delivery_timeout="2500ms",
+        shape="debezium",
+        **{"linger.ms": "1", "compression.type": "lz4"},
+    )
+    assert isinstance(broker, KafkaBroker)
+    try:
+        assert broker.options == KafkaOptions(
+            envelope="cloudevents-binary", delivery_timeout=2.5, shape="debezium"
+        )
+        assert broker.config["linger.ms"] == "1"
+        assert broker.config["message.timeout.ms"] == 2500
+        assert broker.config["enable.idempotence"] is True
+        assert broker.config["acks"] == "all"
+        assert broker.config["bootstrap.servers"] == cluster.bootstrap
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "says"),
+    [
+        ("kafka://localhost:9092", {"envelope": "xml"}, "envelope"),
+        ("kafka://localhost:9092", {"shape": "camel"}, "shape"),
+        ("kafka://localhost:9092", {"toppic": "x"}, "toppic"),
+        ("kafka://localhost:9092", {"topic": "bad topic"}, "not a valid Kafka topic name"),
+        ("kafka://localhost:9092", {"topic": "{key}"}, "only {topic}"),
+        ("kafka://localhost:9092", {"enable.idempotence": "false"}, "idempotence"),
+        ("kafka://localhost:9092", {"acks": "1"}, "acks"),
+        ("kafka://localhost:9092", {"bootstrap.servers": "other:9092"}, "kafka:// URL"),
+        ("kafka://localhost:9092", {"no.such.property": "1"}, "no.such.property"),
+        ("kafka://localhost:9092", {"delivery_timeout": "0"}, "delivery_timeout"),
+        ("kafka://localhost:9092/path", {}, "expected kafka://host:port"),
+        ("kafka://localhost:port", {}, "not host:port"),
+        ("kafka://user:hunter2@localhost:9092", {}, "credentials do not go in the URL"),
+    ],
+)
+def test_bad_options_raise_configuration_error(
+    url: str, options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=None) as caught:
+        create_broker(url, **options)
+    assert says in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_sasl_password_never_shown(cluster: MockCluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="outbox.brokers.kafka")
+    secret = f"s3cret-{uuid.uuid4().hex[:8]}"
+    sasl = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "relay",
+        "sasl.password": secret,
+    }
+    # librdkafka's debug output, routed into Python logging, is masked too.
+    broker = create_broker(cluster.url, connect_timeout=1, debug="conf,security", **sasl)
+    assert isinstance(broker, KafkaBroker)
+    try:
+        assert broker.describe_config()["sasl.password"] == "***"
+        assert secret not in repr(broker)
+        problem = broker.probe()  # the mock cluster does not speak SASL: it is down for this client
+        assert problem is not None
+        assert secret not in problem
+        assert all(secret not in (o.error or "") for o in broker.publish([make_event()]))
+    finally:
+        broker.close()
+    assert any(r.name == "outbox.brokers.kafka.librdkafka" for r in caplog.records)
+    assert all(secret not in r.getMessage() for r in caplog.records)
+    # A value librdkafka refuses, next to the password: the error names the one, not the other.
+    with pytest.raises(ConfigurationError) as caught:
+        create_broker(cluster.url, **{**sasl, "sasl.mechanism": secret})
+    assert secret not in str(caught.value)
+    assert "***" in str(caught.value)
+
+
+def test_registry_knows_kafka(cluster: MockCluster) -> None:
+    broker = create_broker(cluster.url)
+    assert isinstance(broker, KafkaBroker)
+    assert broker.probe() is None
+    broker.close()
+
+
+def test_only_every_broker_down_is_an_outage() -> None:
+    """librdkafka also says "0/4 brokers are down" while reconnecting: that is no outage."""
+    assert every_broker_down("3/3 brokers are down")
+    assert not every_broker_down("0/4 brokers are down")
+    assert not every_broker_down("1/3 brokers are down")
+    assert every_broker_down("all brokers are down")  # another wording: believe it
+
+
+def test_kafka_exceptions_that_mean_unavailable(kafka: KafkaBroker) -> None:
+    down = kafka.unavailable_outcome(KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN)))
+    assert down is not None and down.is_unavailable
+    too_large = KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    assert kafka.unavailable_outcome(too_large) is None
+    assert kafka.unavailable_outcome(ValueError("bad")) is None

@@ -1,0 +1,440 @@
+"""``outbox relay --broker kafka://...`` as a process, per database, to librdkafka's mock cluster.
+
+What arrived is read by kafka-python in another process: a client library the
+toolkit does not use, reading what confluent-kafka wrote (the mock cluster
+answers kafka-python's newest protocol versions wrongly, so it is pinned to
+the Kafka 1.0 protocol, which has record headers).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import Consumer
+
+from outbox_core import Inbox, Outbox, State
+from outbox_core.brokers.kafka import KafkaBroker
+from tests.contract.broker_fixtures import make_event
+from tests.contract.test_end_to_end import produce
+from tests.kafka_mock import MockCluster, read_all
+
+#: A consumer in another process, with kafka-python: every record of the topic as JSON lines.
+KAFKA_PYTHON_READER = r"""
+import json, sys, time
+from kafka import KafkaConsumer, TopicPartition
+
+bootstrap, topic, want, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, api_version=(1, 0),
+                         enable_auto_commit=False)
+deadline = time.monotonic() + timeout
+partitions = None
+while partitions is None and time.monotonic() < deadline:
+    partitions = consumer.partitions_for_topic(topic)
+    if partitions is None:
+        time.sleep(0.2)
+consumer.assign([TopicPartition(topic, p) for p in sorted(partitions or ())])
+consumer.seek_to_beginning()
+ids = set()
+while len(ids) < want and time.monotonic() < deadline:
+    for tp, records in consumer.poll(timeout_ms=500).items():
+        for r in records:
+            headers = {k: v.decode() for k, v in r.headers}
+            ids.add(headers["event_id"])
+            print(json.dumps({"partition": r.partition, "offset": r.offset,
+                              "key": r.key.decode() if r.key is not None else None,
+                              "headers": headers, "payload": json.loads(r.value)}), flush=True)
+consumer.close()
+"""
+
+
+def outbox_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "outbox_core.cli", *args]
+
+
+@pytest.fixture
+def cluster() -> Iterator[MockCluster]:
+    mock = MockCluster(3)
+    yield mock
+    mock.close()
+
+
+def start_relay(
+    db_url: str, table: str, cluster: MockCluster, *extra: str
+) -> subprocess.Popen[str]:
+    args = outbox_cmd(
+        "relay", "--db", db_url, "--table", table, "--broker", cluster.url,
+        "--batch-size", "200", "--poll-interval", "50ms", *extra,
+    )  # fmt: skip
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop(relay: subprocess.Popen[str]) -> str:
+    relay.send_signal(signal.SIGTERM)
+    _, err = relay.communicate(timeout=60)
+    assert relay.returncode == 0, err[-3000:]
+    return err
+
+
+def read_with_kafka_python(
+    cluster: MockCluster, topic: str, want: int, timeout: float = 120
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KAFKA_PYTHON_READER,
+            cluster.bootstrap,
+            topic,
+            str(want),
+            str(timeout),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def states(outbox: Outbox) -> dict[int, int]:
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        return dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
+
+
+def wait_until_sent(outbox: Outbox, total: int, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if states(outbox).get(int(State.SENT), 0) == total:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"not all sent in {timeout}s: {states(outbox)}")
+
+
+def check_key_order(received: list[dict[str, Any]]) -> None:
+    """First deliveries of each key: seq 0, 1, 2... and one partition per key."""
+    last: dict[str, int] = {}
+    partition: dict[str, int] = {}
+    seen: set[str] = set()
+    for record in sorted(received, key=lambda r: (r["partition"], r["offset"])):
+        event_id = record["headers"]["event_id"]
+        if event_id in seen:
+            continue
+        seen.add(event_id)
+        key, seq = record["key"], record["payload"]["seq"]
+        assert partition.setdefault(key, record["partition"]) == record["partition"]
+        assert seq == last.get(key, -1) + 1, f"{key}: seq {seq} after {last.get(key)}"
+        last[key] = seq
+
+
+EVENTS = 1_000
+#: Seconds the SIGKILL run lasts.
+KILL_SECONDS = int(os.environ.get("OUTBOX_KAFKA_KILL_SECONDS", "12"))
+#: Seconds the cluster is down in the outage test (``OUTBOX_KAFKA_OUTAGE=60`` for the long run).
+OUTAGE = float(os.environ.get("OUTBOX_KAFKA_OUTAGE", "3"))
+
+
+def test_relay_process_delivers_to_kafka_in_key_order_read_by_kafka_python(
+    backend: str, outbox: Outbox, db_url: str, cluster: MockCluster
+) -> None:
+    if backend == "mssql":
+        pytest.skip("the Kafka path is the same on every database; SQL Server runs elsewhere")
+    topic = "contract.order.created"
+    cluster.create_topic(topic, partitions=4)
+    committed = produce(outbox, EVENTS)
+    reader = read_with_kafka_python(cluster, topic, EVENTS)
+    relay = start_relay(db_url, outbox.table.name, cluster, "--ordered")
+    try:
+        wait_until_sent(outbox, EVENTS, timeout=120)
+        out, err = reader.communicate(timeout=150)
+    finally:
+        stop(relay)
+        if reader.poll() is None:
+            reader.kill()
+    assert reader.returncode == 0, err[-2000:]
+    received = [json.loads(line) for line in out.splitlines()]
+    ids = {r["headers"]["event_id"] for r in received}
+    assert ids == set(committed)
+    assert len(received) == EVENTS  # one relay, no crash: no duplicate
+    check_key_order(received)
+    sample = received[0]
+    assert sample["headers"]["content-type"] == "application/json"
+    assert sample["key"] == committed[sample["headers"]["event_id"]][0]
+    assert states(outbox) == {int(State.SENT): EVENTS}
+
+
+def test_relay_outage_spends_no_attempt_and_everything_arrives_after_the_return(
+    backend: str, outbox: Outbox, db_url: str, cluster: MockCluster
+) -> None:
+    if backend == "mssql":
+        pytest.skip("the Kafka path is the same on every database; SQL Server runs elsewhere")
+    topic = "contract.outage"
+    relay = start_relay(
+        db_url, outbox.table.name, cluster, "--ordered", "--run-length", "20",
+        "--max-attempts", "2", "--broker-option", "connect_timeout=1",
+    )  # fmt: skip
+    try:
+        with outbox.engine.begin() as conn:
+            for i in range(20):
+                outbox.enqueue(conn, topic, {"seq": i}, key="k0")
+        wait_until_sent(outbox, 20, timeout=30)
+        cluster.down()
+        seq = {"k0": 20}
+        total = 20
+        outage_ends = time.monotonic() + OUTAGE
+        while time.monotonic() < outage_ends:  # producers keep committing during the outage
+            with outbox.engine.begin() as conn:
+                for n in range(10):
+                    key = f"k{n}"
+                    outbox.enqueue(conn, topic, {"seq": seq.get(key, 0)}, key=key)
+                    seq[key] = seq.get(key, 0) + 1
+            total += 10
+            time.sleep(0.3)
+        assert states(outbox).get(int(State.DEAD), 0) == 0
+        sent_before = states(outbox).get(int(State.SENT), 0)
+        cluster.up()
+        back = time.monotonic()
+        while states(outbox).get(int(State.SENT), 0) == sent_before:
+            assert time.monotonic() - back < 30, "the relay did not resume"
+            time.sleep(0.05)
+        resumed = time.monotonic() - back
+        recovered = wait_until_sent(outbox, total, timeout=60) + resumed
+        print(
+            f"Kafka outage of {OUTAGE:g}s: {total} events; the relay resumed {resumed:.2f}s "
+            f"after its end, all sent after {recovered:.2f}s"
+        )
+    finally:
+        err = stop(relay)
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        attempts = set(conn.execute(sa.select(t.c.attempts)).scalars())
+    assert attempts == {1}  # the outage spent no attempt
+    records = read_all(cluster.bootstrap, [topic])
+    received = [
+        {
+            "partition": r.partition,
+            "offset": r.offset,
+            "key": r.key,
+            "headers": {"event_id": r.event_id},
+            "payload": json.loads(r.value),
+        }
+        for r in records
+    ]
+    assert len({r["headers"]["event_id"] for r in received}) == total
+    check_key_order(received)
+    assert "unavailable" in err.lower()
+    assert resumed < 10, f"resumed {resumed:.1f}s after the cluster's return"
+
+
+def test_status_broker_kafka_up_down_and_masked(
+    outbox: Outbox, db_url: str, cluster: MockCluster
+) -> None:
+    table = outbox.table.name
+    up = subprocess.run(
+        outbox_cmd("status", "--db", db_url, "--table", table, "--broker", cluster.url),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    assert f"broker {cluster.url}: up" in up.stdout, up.stdout
+    secret = f"pw-{uuid.uuid4().hex[:8]}"
+    cluster.down()
+    down = subprocess.run(
+        outbox_cmd(
+            "status", "--db", db_url, "--table", table, "--broker", cluster.url, "--json",
+            "--broker-option", "connect_timeout=1",
+            "--broker-option", "security.protocol=SASL_PLAINTEXT",
+            "--broker-option", "sasl.mechanism=PLAIN",
+            "--broker-option", "sasl.username=relay",
+            "--broker-option", f"sasl.password={secret}",
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert down.returncode == 1, down.stdout + down.stderr
+    broker = json.loads(down.stdout)["broker"]
+    assert broker["up"] is False
+    assert "brokers are down" in broker["error"] or "refused" in broker["error"].lower()
+    assert secret not in down.stdout + down.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "topic"),
+    [
+        (["shape=debezium", "envelope=cloudevents-binary", "linger.ms=1"], "outbox.event.Order"),
+        (
+            ["topic=app.{topic}", "envelope=cloudevents", "source=/shop",
+             "delivery_timeout=10s", "message.max.bytes=100000", "compression.type=lz4"],
+            "app.Order",
+        ),
+    ],
+    ids=["debezium-binary", "topic-structured"],
+)  # fmt: skip
+def test_relay_once_with_the_documented_options(
+    outbox: Outbox, db_url: str, cluster: MockCluster, options: list[str], topic: str
+) -> None:
+    with outbox.engine.begin() as conn:
+        ids = [outbox.enqueue(conn, "Order", {"i": i}, key="order-1") for i in range(3)]
+    flags = [arg for option in options for arg in ("--broker-option", option)]
+    result = subprocess.run(
+        outbox_cmd(
+            "relay", "--once", "--db", db_url, "--table", outbox.table.name,
+            "--broker", cluster.url, *flags,
+        ),
+        capture_output=True, text=True, timeout=60, env=os.environ.copy(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts["sent"] == 3
+    records = sorted(read_all(cluster.bootstrap, [topic]), key=lambda r: r.offset)
+    assert len(records) == 3
+    if "shape=debezium" in options:
+        assert [r.headers["id"].decode() for r in records] == ids
+        assert {r.headers["ce_type"] for r in records} == {b"Order"}
+    else:
+        assert [r.event_id for r in records] == ids
+        envelopes = [json.loads(r.value) for r in records]
+        assert [e["id"] for e in envelopes] == ids
+        assert {e["source"] for e in envelopes} == {"/shop"}
+
+
+def test_relays_sigkilled_under_a_producer_lose_nothing_and_keep_key_order(
+    backend: str, outbox: Outbox, db_url: str, cluster: MockCluster
+) -> None:
+    """Three relays, one SIGKILLed about every second while a producer commits.
+
+    Kafka keeps no record of event ids: a relay killed after its records were
+    written and before it marked them leaves duplicates, which are counted
+    (the consumer's inbox drops them).
+    """
+    if backend != "postgresql" and backend != "mysql":
+        pytest.skip("several relay processes: PostgreSQL and MariaDB (SQLite: one process)")
+    rng = random.Random(23)
+    topic = "contract.kill"
+    cluster.create_topic(topic, partitions=4)
+    extra = ("--ordered", "--lease", "2s", "--batch-size", "50")
+    relays = [start_relay(db_url, outbox.table.name, cluster, *extra) for _ in range(3)]
+    seq: dict[str, int] = {}
+    total = kills = 0
+    try:
+        ends = time.monotonic() + KILL_SECONDS
+        next_kill = time.monotonic() + 1
+        while time.monotonic() < ends:
+            with outbox.engine.begin() as conn:
+                for _ in range(20):
+                    key = f"k{rng.randrange(20)}"
+                    outbox.enqueue(conn, topic, {"seq": seq.get(key, 0)}, key=key)
+                    seq[key] = seq.get(key, 0) + 1
+            total += 20
+            if time.monotonic() >= next_kill:
+                victim = rng.randrange(len(relays))
+                relays[victim].kill()
+                relays[victim].communicate()
+                kills += 1
+                relays[victim] = start_relay(db_url, outbox.table.name, cluster, *extra)
+                next_kill = time.monotonic() + rng.uniform(0.5, 1.5)
+            time.sleep(0.05)
+        wait_until_sent(outbox, total, timeout=120)
+    finally:
+        for relay in relays:
+            relay.kill()
+            relay.communicate()
+    records = read_all(cluster.bootstrap, [topic])
+    received = [
+        {
+            "partition": r.partition,
+            "offset": r.offset,
+            "key": r.key,
+            "headers": {"event_id": r.event_id},
+            "payload": json.loads(r.value),
+        }
+        for r in records
+    ]
+    ids = {r["headers"]["event_id"] for r in received}
+    assert len(ids) == total  # nothing lost
+    check_key_order(received)  # among first deliveries
+    duplicates = len(received) - len(ids)
+    print(f"Kafka SIGKILL run ({backend}): {total} events, {kills} kills, {duplicates} duplicates")
+    assert kills >= KILL_SECONDS // 2
+
+
+# -- the documented consumer ------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "kafka_consumer_example.py"
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kafka_consumer_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_kafka_consumer_example_applies_each_event_once(
+    outbox: Outbox, cluster: MockCluster
+) -> None:
+    example = load_example()
+    meta = sa.MetaData()
+    invoices = sa.Table(
+        f"{outbox.table.name}_invoices",
+        meta,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("order_id", sa.Integer, nullable=False),
+    )
+    meta.create_all(outbox.engine)
+    inbox = Inbox(outbox)
+    inbox.install()
+    failed: list[int] = []
+
+    def invoice(conn: sa.Connection, payload: Any) -> None:
+        conn.execute(invoices.insert().values(order_id=payload["order_id"]))
+        if payload["order_id"] == 3 and not failed:
+            failed.append(3)
+            raise RuntimeError("the first try fails")  # rolled back, read again
+
+    topic = "billing.orders"
+    events = [make_event(topic, key=f"o-{i}", payload={"order_id": i}) for i in range(5)]
+    broker = KafkaBroker.from_url(cluster.url)
+    try:
+        assert all(o.is_ok for o in broker.publish(events))
+        assert all(o.is_ok for o in broker.publish(events[:2]))  # a relay's re-publish
+    finally:
+        broker.close()
+
+    def consumer() -> Consumer:
+        kafka = Consumer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        kafka.subscribe([topic])
+        return kafka
+
+    group = f"billing-{uuid.uuid4().hex[:6]}"
+    try:
+        first = consumer()
+        counts = example.consume(first, outbox.engine, inbox, invoice, idle_seconds=4)
+        first.close()
+        assert counts == {"processed": 5, "duplicate": 2, "retry": 1}
+        again = consumer()  # the same group: the committed offsets hold
+        assert example.consume(again, outbox.engine, inbox, invoice, idle_seconds=4) == {}
+        again.close()
+        with outbox.engine.connect() as conn:
+            orders = sorted(conn.execute(sa.select(invoices.c.order_id)).scalars())
+        assert orders == [0, 1, 2, 3, 4]
+    finally:
+        meta.drop_all(outbox.engine)

@@ -1,0 +1,196 @@
+"""librdkafka's mock Kafka cluster, driven through its C API, and a reader of what it holds.
+
+The confluent-kafka wheel bundles librdkafka, mock cluster included: brokers
+speaking the Kafka protocol on loopback ports that any process can reach.
+Its Python API only offers ``test.mock.num.brokers``; taking brokers down
+and injecting request errors need ``rd_kafka_mock_*`` (rdkafka_mock.h),
+called here with ctypes on the very library confluent-kafka loaded. It is a
+test double, not Kafka: authorisation, retention and a real broker's topic
+rules belong in the compatibility workflow with a real Kafka.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import Consumer, TopicPartition
+
+#: The Kafka protocol's API key of Produce requests.
+PRODUCE_API: int = 0
+
+
+def _library() -> ctypes.CDLL:
+    package = os.path.dirname(confluent_kafka.__file__)
+    found = sorted(
+        glob.glob(os.path.join(package, os.pardir, "confluent_kafka.libs", "librdkafka*"))
+    )
+    lib = ctypes.CDLL(found[0] if found else "librdkafka.so.1")
+    vp, i32 = ctypes.c_void_p, ctypes.c_int32
+    lib.rd_kafka_conf_new.restype = vp
+    lib.rd_kafka_conf_set.argtypes = [
+        vp,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
+    lib.rd_kafka_new.restype = vp
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, vp, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_destroy.argtypes = [vp]
+    lib.rd_kafka_mock_cluster_new.restype = vp
+    lib.rd_kafka_mock_cluster_new.argtypes = [vp, ctypes.c_int]
+    lib.rd_kafka_mock_cluster_destroy.argtypes = [vp]
+    lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
+    lib.rd_kafka_mock_cluster_bootstraps.argtypes = [vp]
+    lib.rd_kafka_mock_broker_set_down.argtypes = [vp, i32]
+    lib.rd_kafka_mock_broker_set_up.argtypes = [vp, i32]
+    lib.rd_kafka_mock_topic_create.argtypes = [vp, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_mock_push_request_errors_array.argtypes = [
+        vp,
+        ctypes.c_int16,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_int),
+    ]
+    lib.rd_kafka_mock_clear_request_errors.argtypes = [vp, ctypes.c_int16]
+    return lib
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+class MockCluster:
+    """A mock Kafka cluster of ``brokers`` brokers (ids 1..n) living in this process."""
+
+    def __init__(self, brokers: int = 3) -> None:
+        global _LIB
+        if _LIB is None:
+            _LIB = _library()
+        self.lib = _LIB
+        self.count = brokers
+        conf = self.lib.rd_kafka_conf_new()
+        err = ctypes.create_string_buffer(512)
+        self.lib.rd_kafka_conf_set(conf, b"log_level", b"0", err, 512)
+        self._rk = self.lib.rd_kafka_new(1, conf, err, 512)  # a consumer handle: it sends nothing
+        if not self._rk:
+            raise RuntimeError(err.value.decode())
+        self._mc = self.lib.rd_kafka_mock_cluster_new(self._rk, brokers)
+        if not self._mc:
+            raise RuntimeError("rd_kafka_mock_cluster_new failed")
+        #: ``host:port,host:port,...``: what clients in any process connect to.
+        self.bootstrap: str = self.lib.rd_kafka_mock_cluster_bootstraps(self._mc).decode()
+
+    @property
+    def url(self) -> str:
+        """The broker URL the toolkit takes: ``kafka://host:port,...``."""
+        return "kafka://" + self.bootstrap
+
+    def create_topic(self, topic: str, partitions: int = 4, replication: int = 1) -> None:
+        """Create ``topic`` (the mock cluster also creates topics on first use)."""
+        self.lib.rd_kafka_mock_topic_create(self._mc, topic.encode(), partitions, replication)
+
+    def down(self) -> None:
+        """Every broker disconnects its clients and refuses new connections."""
+        for broker in range(1, self.count + 1):
+            self.lib.rd_kafka_mock_broker_set_down(self._mc, broker)
+
+    def up(self) -> None:
+        """Every broker takes connections again."""
+        for broker in range(1, self.count + 1):
+            self.lib.rd_kafka_mock_broker_set_up(self._mc, broker)
+
+    def fail_produce(self, *codes: int) -> None:
+        """The next Produce requests are answered with ``codes``, one each, in order."""
+        array = (ctypes.c_int * len(codes))(*codes)
+        self.lib.rd_kafka_mock_push_request_errors_array(self._mc, PRODUCE_API, len(codes), array)
+
+    def clear_errors(self) -> None:
+        """Drop the injected Produce errors not used yet."""
+        self.lib.rd_kafka_mock_clear_request_errors(self._mc, PRODUCE_API)
+
+    def close(self) -> None:
+        """Destroy the cluster (its clients see every broker go away)."""
+        if self._mc:
+            self.lib.rd_kafka_mock_cluster_destroy(self._mc)
+            self._mc = None
+        if self._rk:
+            self.lib.rd_kafka_destroy(self._rk)
+            self._rk = None
+
+
+@dataclass
+class Record:
+    """One record read back from the cluster."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    headers: dict[str, bytes]
+
+    @property
+    def event_id(self) -> str:
+        return self.headers.get("event_id", self.headers.get("id", b"")).decode()
+
+
+def read_all(
+    bootstrap: str, topics: Iterable[str] | None = None, timeout: float = 15
+) -> list[Record]:
+    """Every record now in ``topics`` (default: all), read with confluent-kafka's Consumer."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "outbox-test-reader",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(timeout=timeout)
+        names = sorted(topics) if topics is not None else sorted(metadata.topics)
+        ends: dict[tuple[str, int], int] = {}
+        assignment = []
+        for name in names:
+            info: Any = metadata.topics.get(name)
+            if info is None:
+                continue
+            for partition in info.partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout)
+                if high > 0:
+                    ends[(name, partition)] = high
+                    assignment.append(TopicPartition(name, partition, 0))
+        if not assignment:
+            return []
+        consumer.assign(assignment)
+        records: list[Record] = []
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            where = (message.topic(), message.partition())
+            raw_key = message.key()
+            records.append(
+                Record(
+                    message.topic(),
+                    message.partition(),
+                    message.offset(),
+                    raw_key.decode() if raw_key is not None else None,
+                    message.value(),
+                    dict(message.headers() or []),
+                )
+            )
+            if where in ends and message.offset() + 1 >= ends[where]:
+                del ends[where]
+        if ends:
+            raise AssertionError(f"records missing when reading {sorted(ends)}")
+        return records
+    finally:
+        consumer.close()
