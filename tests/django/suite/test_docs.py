@@ -94,6 +94,9 @@ def _popen(*args: str) -> subprocess.Popen[str]:
     from django.conf import settings
 
     env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    # A process that does not stop is aborted by _stop: faulthandler then
+    # prints every thread's stack, which the failure shows.
+    env["PYTHONFAULTHANDLER"] = "1"
     return subprocess.Popen(
         [sys.executable, str(MANAGE), *args],
         env=env,
@@ -103,9 +106,15 @@ def _popen(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def _stop(process: subprocess.Popen[str]) -> tuple[int, str]:
+def _stop(process: subprocess.Popen[str], seconds: float = 60) -> tuple[int, str]:
+    """SIGTERM, then the exit code and output; a process still running after ``seconds`` fails."""
     process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=30)
+    try:
+        out, err = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        out, err = process.communicate(timeout=30)
+        pytest.fail(f"{process.args} still running {seconds:g}s after SIGTERM:\n{(out + err)[-8000:]}")
     return process.returncode, out + err
 
 
