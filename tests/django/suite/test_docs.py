@@ -114,7 +114,8 @@ def _stop(process: subprocess.Popen[str], seconds: float = 60) -> tuple[int, str
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGABRT)
         out, err = process.communicate(timeout=30)
-        pytest.fail(f"{process.args} still running {seconds:g}s after SIGTERM:\n{(out + err)[-8000:]}")
+        output = (out + err)[-8000:]
+        pytest.fail(f"{process.args} still running {seconds:g}s after SIGTERM:\n{output}")
     return process.returncode, out + err
 
 
