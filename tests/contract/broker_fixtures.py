@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,34 +33,14 @@ from outbox_core.brokers.rabbitmq import RabbitMQBroker
 from outbox_core.brokers.signing import WebhookVerificationError, verify
 from outbox_core.message import Event
 
+# Re-exported: the broker tests import them from here.
+from outbox_core.testing.broker_contract import TRACEPARENT as TRACEPARENT
+from outbox_core.testing.broker_contract import make_event as make_event
+
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 _ids = itertools.count(1)
-
-
-def make_event(
-    topic: str = "contract.created",
-    *,
-    key: str | None = None,
-    payload: Any = None,
-    headers: dict[str, str] | None = None,
-    attempts: int = 1,
-) -> Event:
-    """A claimed event as the relay would hand it to a broker."""
-    event_id = str(uuid.uuid4())
-    return Event(
-        id=next(_ids),
-        event_id=event_id,
-        topic=topic,
-        key=key,
-        payload=payload if payload is not None else {"event": event_id, "amount": 12.5},
-        headers=headers if headers is not None else {"traceparent": TRACEPARENT, "x-test": "1"},
-        attempts=attempts,
-        created_at=datetime(2024, 5, 1, 12, 30, 15, 250000, tzinfo=UTC),
-        token="contract-token",
-    )
 
 
 def unused_port() -> int:

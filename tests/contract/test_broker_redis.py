@@ -23,39 +23,10 @@ from outbox_core.brokers.base import create_broker
 from outbox_core.brokers.redis import DEDUP_PREFIX, RedisBroker, RedisOptions, classify_error
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, OutcomeKind
+from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
+from outbox_core.testing.broker_contract import DOWN, OK, REJECT, RETRY, Harness, kinds
 from tests.contract.broker_fixtures import TRACEPARENT, TcpProxy, make_event, unused_port
 from tests.contract.stream_fixtures import RedisStreams, require_redis
-from tests.contract.test_brokers import (
-    DOWN,
-    OK,
-    REJECT,
-    RETRY,
-    Harness,
-    kinds,
-    test_broker_down_every_outcome_unavailable_and_no_exception,
-    test_consecutive_batches_reuse_the_broker,
-    test_empty_batch,
-    test_every_event_ok_in_order_and_really_arrived,
-    test_large_batch,
-    test_mixed_batch_outcomes_line_up_with_events,
-    test_permanent_failure_is_reject_with_reason,
-    test_probe_of_a_broker_that_is_up,
-    test_publish_after_close_is_unavailable,
-    test_transient_failure_is_retry_with_retry_after,
-)
-
-CONTRACT = (
-    test_empty_batch,
-    test_every_event_ok_in_order_and_really_arrived,
-    test_mixed_batch_outcomes_line_up_with_events,
-    test_permanent_failure_is_reject_with_reason,
-    test_transient_failure_is_retry_with_retry_after,
-    test_consecutive_batches_reuse_the_broker,
-    test_large_batch,
-    test_broker_down_every_outcome_unavailable_and_no_exception,
-    test_probe_of_a_broker_that_is_up,
-    test_publish_after_close_is_unavailable,
-)
 
 
 @pytest.fixture

@@ -23,9 +23,8 @@ import json
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from types import SimpleNamespace
@@ -51,6 +50,8 @@ from outbox_core.brokers.rabbitmq import (
 from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome, OutcomeKind, build_new_event
+from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
+from outbox_core.testing.broker_contract import Harness, kinds
 from tests.contract.broker_fixtures import (
     SECRET,
     TRACEPARENT,
@@ -67,21 +68,6 @@ DOWN = OutcomeKind.UNAVAILABLE
 
 # ---------------------------------------------------------------------------
 # Harnesses: one per broker, the same questions answered for each
-
-
-@dataclass
-class Harness:
-    """A broker under test plus a way to see what really arrived and to inject failures."""
-
-    name: str
-    broker: Broker
-    #: event ids the broker (server) really holds -> (topic, headers, payload)
-    arrived: Callable[[], dict[str, tuple[str, dict[str, Any], Any]]]
-    #: make ``event`` fail permanently or transiently (retry_after seconds)
-    fail: Callable[[Event, str, float | None], Event]
-    down: Callable[[], Broker] | None
-    can_retry: bool = True
-    cleanups: list[Callable[[], None]] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -162,6 +148,7 @@ def _memory_harness(request: pytest.FixtureRequest) -> Harness:
         arrived,
         fail,
         down=None,
+        closable=False,
     )
 
 
@@ -178,112 +165,11 @@ HARNESSES = {"rabbitmq": _rabbit_harness, "webhook": _webhook_harness, "memory":
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     h = HARNESSES[request.param](request)
     yield h
-    h.broker.close()
-    for cleanup in h.cleanups:
-        cleanup()
-
-
-def kinds(outcomes: Sequence[Outcome]) -> list[OutcomeKind]:
-    return [o.kind for o in outcomes]
+    h.close()
 
 
 # ---------------------------------------------------------------------------
-# The contract
-
-
-def test_empty_batch(harness: Harness) -> None:
-    assert list(harness.broker.publish([])) == []
-
-
-def test_every_event_ok_in_order_and_really_arrived(harness: Harness) -> None:
-    events = [make_event(f"contract.e{i % 3}", key=f"k{i % 4}") for i in range(60)]
-    outcomes = harness.broker.publish(events)
-    assert kinds(outcomes) == [OK] * len(events)
-    arrived = harness.arrived()
-    for event in events:
-        topic, headers, payload = arrived[event.event_id]
-        assert topic == event.topic
-        assert payload == event.payload
-        assert headers["traceparent"] == TRACEPARENT
-        assert headers["x-test"] == "1"
-
-
-def test_mixed_batch_outcomes_line_up_with_events(harness: Harness) -> None:
-    events = [make_event(key="k1" if i % 2 else None) for i in range(8)]
-    events[1] = harness.fail(events[1], "reject", None)
-    events[6] = harness.fail(events[6], "reject", None)
-    outcomes = harness.broker.publish(events)
-    assert len(outcomes) == len(events)
-    expected = [REJECT if i in (1, 6) else OK for i in range(8)]
-    assert kinds(outcomes) == expected
-    arrived = harness.arrived()
-    for event, outcome in zip(events, outcomes, strict=True):
-        assert (event.event_id in arrived) == outcome.is_ok
-        if not outcome.is_ok:
-            assert outcome.error
-
-
-def test_permanent_failure_is_reject_with_reason(harness: Harness) -> None:
-    event = harness.fail(make_event(), "reject", None)
-    [outcome] = harness.broker.publish([event])
-    assert outcome.kind is REJECT
-    assert outcome.error
-
-
-def test_transient_failure_is_retry_with_retry_after(harness: Harness) -> None:
-    if not harness.can_retry:
-        pytest.skip(f"{harness.name}: no way to make one message fail transiently")
-    plain = harness.fail(make_event(), "retry", None)
-    delayed = harness.fail(make_event(), "retry", 7)
-    fine = make_event()
-    outcomes = harness.broker.publish([plain, delayed, fine])
-    assert kinds(outcomes) == [RETRY, RETRY, OK]
-    assert outcomes[0].retry_after is None
-    assert outcomes[1].retry_after == pytest.approx(7)
-
-
-def test_consecutive_batches_reuse_the_broker(harness: Harness) -> None:
-    for _ in range(3):
-        events = [make_event() for _ in range(25)]
-        assert kinds(harness.broker.publish(events)) == [OK] * 25
-    assert len(harness.arrived()) >= 75
-
-
-def test_large_batch(harness: Harness) -> None:
-    events = [make_event(f"contract.big.{i % 7}") for i in range(1500)]
-    outcomes = harness.broker.publish(events)
-    failures = Counter(o.error for o in outcomes if not o.is_ok)
-    assert not failures, failures
-    assert {e.event_id for e in events} <= set(harness.arrived())
-
-
-def test_broker_down_every_outcome_unavailable_and_no_exception(harness: Harness) -> None:
-    """An outage is the broker's, not the events': no attempt may be spent on it."""
-    if harness.down is None:
-        pytest.skip(f"{harness.name} cannot be down")
-    broker = harness.down()
-    try:
-        events = [make_event() for _ in range(5)]
-        for _ in range(2):  # the first try and the one inside the reconnect backoff
-            outcomes = broker.publish(events)
-            assert kinds(outcomes) == [DOWN] * len(events)
-            assert all(o.error for o in outcomes)
-        problem = broker.probe()
-        assert problem, "probe() of a broker that is down must say why"
-    finally:
-        broker.close()
-
-
-def test_probe_of_a_broker_that_is_up(harness: Harness) -> None:
-    assert harness.broker.probe() is None
-    assert kinds(harness.broker.publish([make_event()])) == [OK]
-
-
-def test_publish_after_close_is_unavailable(harness: Harness) -> None:
-    if harness.name == "memory":
-        pytest.skip("the memory broker has nothing to close")
-    harness.broker.close()
-    assert kinds(harness.broker.publish([make_event()])) == [DOWN]
+# The contract: outbox_core.testing.broker_contract, run here with the harnesses above
 
 
 # ---------------------------------------------------------------------------

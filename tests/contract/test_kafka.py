@@ -30,35 +30,10 @@ from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.brokers.kafka import KafkaBroker, KafkaOptions, every_broker_down
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, OutcomeKind
+from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
+from outbox_core.testing.broker_contract import Harness, kinds
 from tests.contract.broker_fixtures import TRACEPARENT, make_event, unused_port
-from tests.contract.test_brokers import (  # the contract, run here with the Kafka harness
-    Harness,
-    kinds,
-    test_broker_down_every_outcome_unavailable_and_no_exception,
-    test_consecutive_batches_reuse_the_broker,
-    test_empty_batch,
-    test_every_event_ok_in_order_and_really_arrived,
-    test_large_batch,
-    test_mixed_batch_outcomes_line_up_with_events,
-    test_permanent_failure_is_reject_with_reason,
-    test_probe_of_a_broker_that_is_up,
-    test_publish_after_close_is_unavailable,
-    test_transient_failure_is_retry_with_retry_after,
-)
 from tests.kafka_mock import MockCluster, Record, read_all
-
-__all__ = [
-    "test_broker_down_every_outcome_unavailable_and_no_exception",
-    "test_consecutive_batches_reuse_the_broker",
-    "test_empty_batch",
-    "test_every_event_ok_in_order_and_really_arrived",
-    "test_large_batch",
-    "test_mixed_batch_outcomes_line_up_with_events",
-    "test_permanent_failure_is_reject_with_reason",
-    "test_probe_of_a_broker_that_is_up",
-    "test_publish_after_close_is_unavailable",
-    "test_transient_failure_is_retry_with_retry_after",
-]
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
 DOWN = OutcomeKind.UNAVAILABLE

@@ -2,10 +2,11 @@
 
 Relays run as ``outbox relay`` child processes, as users deploy them:
 
-* **Broker outages.** A TCP proxy between the relays and RabbitMQ, and one in
-  front of a webhook receiver, is cut for ``OUTBOX_FAULT_OUTAGE`` seconds (60)
-  while producers keep committing. Nothing may die, nothing may be lost, no
-  attempt may be spent on the outage; ``/healthz``, ``/metrics``,
+* **Broker outages.** Every broker is cut for ``OUTBOX_FAULT_OUTAGE`` seconds
+  (60) while producers keep committing: a TCP proxy in front of RabbitMQ, a
+  webhook receiver, NATS and Redis, and every broker of a Kafka mock cluster.
+  Nothing may die, nothing may be lost, no attempt may be spent on the
+  outage, NATS and Redis may hold no duplicate; ``/healthz``, ``/metrics``,
   ``outbox status`` and one log line say the broker is down.
 * **Frozen relays.** One relay stops itself with SIGSTOP inside its claim,
   settle or cleanup transaction (``tests/faults/frozen_relay.py``), or is
@@ -29,9 +30,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -40,6 +44,8 @@ from outbox_core import Outbox, State
 from outbox_core.verify import sink
 from tests.chaos.test_chaos import Consumer
 from tests.contract.broker_fixtures import SECRET, RabbitState, TcpProxy, WebhookServer
+from tests.contract.stream_fixtures import NatsStream, RedisStreams, require_nats, require_redis
+from tests.kafka_mock import MockCluster, read_all
 
 OUTAGE = float(os.environ.get("OUTBOX_FAULT_OUTAGE", "60"))
 SINK_BROKER = "python://outbox_core.verify.sink:publish"
@@ -113,7 +119,9 @@ def relay_args(
     ]  # fmt: skip
 
 
-def produce(outbox: Outbox, n: int, *, keys: int = 10, per_tx: int = 10) -> list[str]:
+def produce(
+    outbox: Outbox, n: int, *, keys: int = 10, per_tx: int = 10, topic: str = "fault.event"
+) -> list[str]:
     ids: list[str] = []
     seq: dict[str, int] = {}
     while len(ids) < n:
@@ -121,7 +129,7 @@ def produce(outbox: Outbox, n: int, *, keys: int = 10, per_tx: int = 10) -> list
             for _ in range(min(per_tx, n - len(ids))):
                 key = f"k{len(ids) % keys}"
                 seq[key] = seq.get(key, -1) + 1
-                ids.append(outbox.enqueue(conn, "fault.event", {"seq": seq[key]}, key=key))
+                ids.append(outbox.enqueue(conn, topic, {"seq": seq[key]}, key=key))
     return ids
 
 
@@ -177,6 +185,26 @@ def webhook() -> Iterator[WebhookServer]:
     server.stop()
 
 
+@dataclass
+class Leg:
+    """One broker of the outage test: its own outbox table, relay, cut and read-back."""
+
+    name: str
+    outbox: Outbox
+    child: Child
+    topic: str
+    cut: Callable[[], None]
+    restore: Callable[[], None]
+    #: every copy that reached the broker, by event id (duplicates kept)
+    arrived: Callable[[], list[str]]
+    committed: list[str] = field(default_factory=list)
+    #: copies of one event in the broker allowed: 1 where the broker deduplicates
+    one_copy: bool = False
+
+    def delivered(self) -> set[str]:
+        return set(self.arrived())
+
+
 @pytest.mark.needs_server
 def test_minute_long_broker_outages_kill_nothing_and_spend_no_attempt(
     backend: str,
@@ -186,52 +214,125 @@ def test_minute_long_broker_outages_kill_nothing_and_spend_no_attempt(
     webhook: WebhookServer,
     tmp_path: Path,
 ) -> None:
-    """RabbitMQ and a webhook receiver are both cut for OUTAGE seconds, max_attempts 3."""
-    hook_outbox = Outbox(db_url, table=f"{outbox.table.name}_wh")
-    hook_outbox.install()
+    """Every broker is cut for OUTAGE seconds at once, max_attempts 3, producers committing.
+
+    RabbitMQ, the webhook receiver, NATS and Redis through a TCP proxy that
+    closes every connection; Kafka (librdkafka's mock cluster) with every
+    broker down. One relay process and one outbox table per broker.
+    """
+    env = relay_env(OUTBOX_BACKOFF_BASE="0.2", OUTBOX_BACKOFF_CAP="1")
+    common = ["--max-attempts", "3", "--lease", "5s", "--batch-size", "20"]
+    metrics_port = free_port()
+    legs: list[Leg] = []
+    cleanups: list[Callable[[], None]] = []
+
+    def table(suffix: str) -> Outbox:
+        made = Outbox(db_url, table=f"{outbox.table.name}_{suffix}")
+        made.install()
+
+        def drop() -> None:
+            made.tables.metadata.drop_all(made.engine)
+            made.dispose()
+
+        cleanups.append(drop)
+        return made
+
+    def relay(name: str, leg_outbox: Outbox, broker_url: str, *options: str) -> Child:
+        args = relay_args(db_url, leg_outbox.table.name, broker_url, *common, *options)
+        return Child(args, env, tmp_path / f"{name}.log")
+
+    # RabbitMQ: the consumer reads the queue; /healthz, /metrics and status are checked on it.
     rabbit.channel.queue_bind(rabbit.queue, rabbit.exchange, "fault.#")
     amqp_proxy = TcpProxy("127.0.0.1", int(rabbit.url.rsplit(":", 1)[1].split("/")[0]))
-    hook_host, hook_port = webhook.httpd.server_address[:2]
-    hook_proxy = TcpProxy(str(hook_host), int(hook_port))
+    cleanups.append(amqp_proxy.close)
     consumer = Consumer(rabbit.url, rabbit.queue)
     consumer_thread = threading.Thread(target=consumer.run, daemon=True)
     consumer_thread.start()
-    metrics_port = free_port()
-    env = relay_env(OUTBOX_BACKOFF_BASE="0.2", OUTBOX_BACKOFF_CAP="1")
-    common = ["--max-attempts", "3", "--lease", "5s", "--batch-size", "20"]
     amqp_url = amqp_proxy.url(rabbit.url)
-    amqp = Child(
-        relay_args(
-            db_url, outbox.table.name, amqp_url, *common,
-            "--broker-option", f"exchange={rabbit.exchange}",
-            "--metrics-port", str(metrics_port),
-        ),
-        env,
-        tmp_path / "amqp.log",
+    amqp = relay(
+        "amqp", outbox, amqp_url,
+        "--broker-option", f"exchange={rabbit.exchange}", "--metrics-port", str(metrics_port),
     )  # fmt: skip
-    hook = Child(
-        relay_args(
-            db_url, hook_outbox.table.name, hook_proxy.url(webhook.url), *common,
-            "--broker-option", f"secret={SECRET}",
-        ),
-        env,
-        tmp_path / "webhook.log",
+    legs.append(
+        Leg("rabbitmq", outbox, amqp, "fault.event", amqp_proxy.down, amqp_proxy.up,
+            lambda: [m[0] for m in consumer.log])
     )  # fmt: skip
-    committed: list[str] = []
-    hooked: list[str] = []
-    try:
-        committed += produce(outbox, 50)
-        hooked += produce(hook_outbox, 50)
-        assert wait_for(lambda: len({m[0] for m in consumer.log}) >= 50, 30)
-        assert wait_for(lambda: len(webhook.accepted()) >= 50, 30)
 
-        amqp_proxy.down()
-        hook_proxy.down()
+    hook_host, hook_port = webhook.httpd.server_address[:2]
+    hook_proxy = TcpProxy(str(hook_host), int(hook_port))
+    cleanups.append(hook_proxy.close)
+    hook_outbox = table("wh")
+    hook = relay(
+        "webhook", hook_outbox, hook_proxy.url(webhook.url), "--broker-option", f"secret={SECRET}"
+    )
+    legs.append(
+        Leg("webhook", hook_outbox, hook, "fault.event", hook_proxy.down, hook_proxy.up,
+            lambda: list(webhook.accepted()))
+    )  # fmt: skip
+
+    # NATS JetStream and Redis Streams: both deduplicate, so every event is one copy.
+    stream = NatsStream(require_nats(), duplicate_window=300)
+    cleanups.append(stream.cleanup)
+    nats_parts = urlsplit(stream.url)
+    nats_proxy = TcpProxy(nats_parts.hostname or "127.0.0.1", nats_parts.port or 4222)
+    cleanups.append(nats_proxy.close)
+    nats_outbox = table("nats")
+    nats_child = relay("nats", nats_outbox, nats_proxy.url(stream.url))
+
+    def nats_arrived() -> list[str]:
+        return [dict(m.headers or {})["Nats-Msg-Id"] for m in stream.messages()]
+
+    legs.append(
+        Leg("nats", nats_outbox, nats_child, stream.subject("fault.event"), nats_proxy.down,
+            nats_proxy.up, nats_arrived, one_copy=True)
+    )  # fmt: skip
+
+    streams = RedisStreams(require_redis())
+    cleanups.append(streams.cleanup)
+    redis_parts = urlsplit(streams.url)
+    redis_proxy = TcpProxy(redis_parts.hostname or "127.0.0.1", redis_parts.port or 6379)
+    cleanups.append(redis_proxy.close)
+    redis_outbox = table("redis")
+    redis_key = streams.stream("fault")
+    redis_child = relay(
+        "redis", redis_outbox, redis_proxy.url(streams.url), "--broker-option",
+        f"stream={redis_key}",
+    )  # fmt: skip
+    legs.append(
+        Leg("redis", redis_outbox, redis_child, "fault.event", redis_proxy.down, redis_proxy.up,
+            lambda: [f[b"event_id"].decode() for _, f in streams.entries(redis_key)],
+            one_copy=True)
+    )  # fmt: skip
+
+    # Kafka: librdkafka's mock cluster in this process, every broker down for the outage.
+    cluster = MockCluster(3)
+    cleanups.append(cluster.close)
+    cluster.create_topic("fault.event", partitions=4)
+    kafka_outbox = table("kafka")
+    kafka_child = relay("kafka", kafka_outbox, cluster.url, "--broker-option", "connect_timeout=1")
+    legs.append(
+        Leg("kafka", kafka_outbox, kafka_child, "fault.event", cluster.down, cluster.up,
+            lambda: [r.event_id for r in read_all(cluster.bootstrap, ["fault.event"])])
+    )  # fmt: skip
+
+    def produce_all(n: int) -> None:
+        for leg in legs:
+            leg.committed += produce(leg.outbox, n, topic=leg.topic)
+
+    def all_delivered() -> bool:
+        return all(leg.delivered() >= set(leg.committed) for leg in legs)
+
+    try:
+        produce_all(50)
+        assert wait_for(all_delivered, 60, step=0.5), {
+            leg.name: len(set(leg.committed) - leg.delivered()) for leg in legs
+        }
+        for leg in legs:
+            leg.cut()
         cut_at = time.monotonic()
         # Producers keep committing through the outage.
         for _ in range(10):
-            committed += produce(outbox, 10)
-            hooked += produce(hook_outbox, 10)
+            produce_all(10)
             time.sleep(1.0)
         # The outage is visible: /healthz, /metrics, outbox status.
         health_code, health = http_get(f"http://127.0.0.1:{metrics_port}/healthz")
@@ -244,34 +345,41 @@ def test_minute_long_broker_outages_kill_nothing_and_spend_no_attempt(
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
         time.sleep(max(0.0, OUTAGE - (time.monotonic() - cut_at)))
-        during = table_summary(outbox), table_summary(hook_outbox)
-        amqp_proxy.up()
-        hook_proxy.up()
+        during = {leg.name: table_summary(leg.outbox) for leg in legs}
+        for leg in legs:
+            leg.restore()
         back_at = time.monotonic()
-        assert wait_for(lambda: {m[0] for m in consumer.log} >= set(committed), 60)
-        assert wait_for(lambda: set(webhook.accepted()) >= set(hooked), 60)
-        recovered = time.monotonic() - back_at
+        recovered: dict[str, float] = {}
+        while len(recovered) < len(legs) and time.monotonic() - back_at < 90:
+            for leg in legs:
+                if leg.name not in recovered and leg.delivered() >= set(leg.committed):
+                    recovered[leg.name] = time.monotonic() - back_at
+            time.sleep(0.5)
         health_after, _ = http_get(f"http://127.0.0.1:{metrics_port}/healthz")
+        copies = {leg.name: Counter(leg.arrived()) for leg in legs}
     finally:
-        codes = [amqp.terminate(), hook.terminate()]
+        codes = {leg.name: leg.child.terminate() for leg in legs}
         consumer.stop.set()
         consumer_thread.join(10)
-        amqp_proxy.close()
-        hook_proxy.close()
-    amqp_table, hook_table = table_summary(outbox), table_summary(hook_outbox)
-    hook_outbox.tables.metadata.drop_all(hook_outbox.engine)
-    hook_outbox.dispose()
+        summaries = {leg.name: table_summary(leg.outbox) for leg in legs}
+        for cleanup in reversed(cleanups):
+            cleanup()
+    duplicates = {name: sum(n - 1 for n in c.values()) for name, c in copies.items()}
     print(
-        f"\noutage[{backend}]: {OUTAGE:.0f}s cut, {len(committed)} + {len(hooked)} events, "
-        f"all delivered {recovered:.1f}s after the broker came back; during the outage "
-        f"{during}; at the end rabbitmq {amqp_table}, webhook {hook_table}"
+        f"\noutage[{backend}]: {OUTAGE:.0f}s cut; events per broker "
+        f"{ {leg.name: len(leg.committed) for leg in legs} }; all delivered after the return "
+        f"in { {k: round(v, 1) for k, v in recovered.items()} }s; duplicates at the broker "
+        f"{duplicates}; during the outage {during}; at the end {summaries}"
     )
-    for table in (amqp_table, hook_table):
-        assert table["states"].get("dead", 0) == 0, table
+    assert set(recovered) == {leg.name for leg in legs}, recovered
+    for leg in legs:
+        summary = summaries[leg.name]
+        assert summary["states"].get("dead", 0) == 0, (leg.name, summary)
         # Claimed once and published once: the outage spent no attempt.
-        assert table["sent_attempts"] == {1: table["states"]["sent"]}, table
-    assert amqp_table["states"]["sent"] == len(committed)
-    assert hook_table["states"]["sent"] == len(hooked)
+        assert summary["sent_attempts"] == {1: summary["states"]["sent"]}, (leg.name, summary)
+        assert summary["states"]["sent"] == len(leg.committed), (leg.name, summary)
+        if leg.one_copy:
+            assert duplicates[leg.name] == 0, leg.name
     assert not webhook.bad_signatures
     assert health_code == 503, health
     detail = json.loads(health)
@@ -280,12 +388,12 @@ def test_minute_long_broker_outages_kill_nothing_and_spend_no_attempt(
     assert "outbox_broker_up 0.0" in metrics
     assert status.returncode == 1, status.stderr  # the broker is down: non-zero, for scripts
     assert json.loads(status.stdout)["broker"]["up"] is False, status.stdout
-    for child in (amqp, hook):
-        text = child.text()
+    for leg in legs:
+        text = leg.child.text()
         # One line when the outage starts and one when it ends, not one per batch.
-        assert text.count("broker unavailable") == 1, text[-3000:]
-        assert text.count("broker answers again") == 1, text[-3000:]
-    assert codes == [0, 0]
+        assert text.count("broker unavailable") == 1, (leg.name, text[-3000:])
+        assert text.count("broker answers again") == 1, (leg.name, text[-3000:])
+    assert codes == dict.fromkeys(codes, 0), codes
 
 
 # -- frozen relays ---------------------------------------------------------------------
