@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka
+import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 #: The Kafka protocol's API key of Produce requests.
 PRODUCE_API: int = 0
@@ -124,6 +126,66 @@ class MockCluster:
             self._rk = None
 
 
+class RealCluster:
+    """A real Kafka (``OUTBOX_TEST_KAFKA_URL``, the compatibility workflow) with MockCluster's face.
+
+    Each test starts from a cluster with no topic of its own: every topic but
+    Kafka's internal ones is deleted first (the container is the test run's
+    alone). Fault injection is the mock cluster's: tests that need it skip.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.bootstrap = url.split("://", 1)[1].split("?", 1)[0]
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        self._delete_topics()
+
+    def _topics(self) -> set[str]:
+        return {t for t in self.admin.list_topics(timeout=15).topics if not t.startswith("__")}
+
+    def _delete_topics(self) -> None:
+        topics = self._topics()
+        if not topics:
+            return
+        for future in self.admin.delete_topics(sorted(topics), operation_timeout=30).values():
+            future.result()
+        deadline = time.monotonic() + 60
+        while self._topics() & topics:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"topics not deleted in 60s: {sorted(self._topics())}")
+            time.sleep(0.5)
+
+    def create_topic(self, topic: str, partitions: int = 4, replication: int = 1) -> None:
+        """Create ``topic`` and wait until the cluster serves it."""
+        [future] = self.admin.create_topics(
+            [NewTopic(topic, num_partitions=partitions, replication_factor=replication)]
+        ).values()
+        future.result()
+        deadline = time.monotonic() + 30
+        while topic not in self._topics():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"topic {topic} not served in 30s")
+            time.sleep(0.2)
+
+    def _needs_the_mock(self, *_: Any) -> None:
+        pytest.skip("needs librdkafka's mock cluster (fault injection), not a real Kafka")
+
+    down = up = fail_produce = clear_errors = _needs_the_mock
+
+    def close(self) -> None:
+        """Nothing to destroy: the next test deletes the topics."""
+
+
+#: Either Kafka a test can run on.
+Cluster = MockCluster | RealCluster
+
+
+def kafka_cluster() -> Cluster:
+    """The Kafka under test: ``OUTBOX_TEST_KAFKA_URL`` when set, else a mock cluster of 3."""
+    url = os.environ.get("OUTBOX_TEST_KAFKA_URL")
+    return RealCluster(url) if url else MockCluster(3)
+
+
 @dataclass
 class Record:
     """One record read back from the cluster."""
@@ -154,7 +216,12 @@ def read_all(
     )
     try:
         metadata = consumer.list_topics(timeout=timeout)
-        names = sorted(topics) if topics is not None else sorted(metadata.topics)
+        # Kafka's own topics (__consumer_offsets, on a real cluster) are not events.
+        names = (
+            sorted(topics)
+            if topics is not None
+            else sorted(t for t in metadata.topics if not t.startswith("__"))
+        )
         ends: dict[tuple[str, int], int] = {}
         assignment = []
         for name in names:

@@ -33,7 +33,7 @@ from outbox_core.message import Event, OutcomeKind
 from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
 from outbox_core.testing.broker_contract import Harness, kinds
 from tests.contract.broker_fixtures import TRACEPARENT, make_event, unused_port
-from tests.kafka_mock import MockCluster, Record, read_all
+from tests.kafka_mock import Cluster, Record, kafka_cluster, read_all
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
 DOWN = OutcomeKind.UNAVAILABLE
@@ -42,14 +42,15 @@ TOO_LARGE = {"blob": "x" * 1_100_000}
 
 
 @pytest.fixture
-def cluster() -> Iterator[MockCluster]:
-    mock = MockCluster(3)
-    yield mock
-    mock.close()
+def cluster() -> Iterator[Cluster]:
+    """The mock cluster, or the real Kafka at ``OUTBOX_TEST_KAFKA_URL`` (compatibility workflow)."""
+    made = kafka_cluster()
+    yield made
+    made.close()
 
 
 @pytest.fixture
-def kafka(cluster: MockCluster) -> Iterator[KafkaBroker]:
+def kafka(cluster: Cluster) -> Iterator[KafkaBroker]:
     broker = KafkaBroker.from_url(cluster.url, connect_timeout=2)
     yield broker
     broker.close()
@@ -60,7 +61,7 @@ def by_id(records: list[Record]) -> dict[str, Record]:
 
 
 @pytest.fixture
-def harness(cluster: MockCluster) -> Iterator[Harness]:
+def harness(cluster: Cluster) -> Iterator[Harness]:
     """The contract's questions answered for Kafka (overrides ``test_brokers.harness``)."""
 
     def arrived() -> dict[str, tuple[str, dict[str, Any], Any]]:
@@ -91,7 +92,7 @@ def harness(cluster: MockCluster) -> Iterator[Harness]:
 # The record
 
 
-def test_record_key_headers_and_value(kafka: KafkaBroker, cluster: MockCluster) -> None:
+def test_record_key_headers_and_value(kafka: KafkaBroker, cluster: Cluster) -> None:
     events = [make_event("orders.created", key=f"order-{i % 3}") for i in range(30)]
     events.append(make_event("orders.created", headers={"n": 7}))  # type: ignore[dict-item]
     assert kinds(kafka.publish(events)) == [OK] * len(events)
@@ -116,7 +117,7 @@ def test_record_key_headers_and_value(kafka: KafkaBroker, cluster: MockCluster) 
         assert [r.event_id for r in sorted(mine, key=lambda r: r.offset)] == expected
 
 
-def test_topic_option_fixed_and_template(cluster: MockCluster) -> None:
+def test_topic_option_fixed_and_template(cluster: Cluster) -> None:
     fixed = KafkaBroker.from_url(cluster.url, topic="all-events")
     templated = KafkaBroker.from_url(cluster.url, topic="app.{topic}")
     try:
@@ -130,7 +131,7 @@ def test_topic_option_fixed_and_template(cluster: MockCluster) -> None:
     assert [r.event_id for r in read_all(cluster.bootstrap, ["app.a.b"])] == [second.event_id]
 
 
-def test_debezium_shape(cluster: MockCluster) -> None:
+def test_debezium_shape(cluster: Cluster) -> None:
     """The outbox event router's message: key, ``id`` header, ``outbox.event.<topic>``."""
     broker = create_broker(cluster.url, shape="debezium")
     event = make_event("Order", key="order-42")
@@ -145,7 +146,7 @@ def test_debezium_shape(cluster: MockCluster) -> None:
     assert json.loads(record.value) == event.payload
 
 
-def test_cloudevents_structured_read_by_the_sdk(cluster: MockCluster) -> None:
+def test_cloudevents_structured_read_by_the_sdk(cluster: Cluster) -> None:
     broker = create_broker(cluster.url, envelope="cloudevents", source="/shop")
     event = make_event("shop.order", key="o-1")
     try:
@@ -165,7 +166,7 @@ def test_cloudevents_structured_read_by_the_sdk(cluster: MockCluster) -> None:
     assert ce.get_data() == event.payload
 
 
-def test_cloudevents_binary_read_by_the_sdk(cluster: MockCluster) -> None:
+def test_cloudevents_binary_read_by_the_sdk(cluster: Cluster) -> None:
     broker = create_broker(cluster.url, envelope="cloudevents-binary")
     event = make_event("shop.paid", key="o-2")
     try:
@@ -191,7 +192,7 @@ def test_cloudevents_binary_read_by_the_sdk(cluster: MockCluster) -> None:
 
 
 def test_too_large_and_invalid_topic_are_rejected_alone(
-    kafka: KafkaBroker, cluster: MockCluster
+    kafka: KafkaBroker, cluster: Cluster
 ) -> None:
     events = [
         make_event("sizes.t", key="k"),
@@ -209,7 +210,7 @@ def test_too_large_and_invalid_topic_are_rejected_alone(
     assert ids == [events[0].event_id, events[4].event_id]
 
 
-def test_message_max_bytes_passes_through(cluster: MockCluster) -> None:
+def test_message_max_bytes_passes_through(cluster: Cluster) -> None:
     broker = create_broker(cluster.url, **{"message.max.bytes": "2000"})
     try:
         small, big = make_event("limits.t"), make_event("limits.t", payload={"b": "y" * 3000})
@@ -218,16 +219,14 @@ def test_message_max_bytes_passes_through(cluster: MockCluster) -> None:
         broker.close()
 
 
-def test_topic_authorization_failed_is_rejected(kafka: KafkaBroker, cluster: MockCluster) -> None:
+def test_topic_authorization_failed_is_rejected(kafka: KafkaBroker, cluster: Cluster) -> None:
     cluster.fail_produce(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     [outcome] = kafka.publish([make_event("authz.t")])
     assert outcome.kind is REJECT
     assert "authorization" in (outcome.error or "").lower()
 
 
-def test_retriable_broker_errors_are_retried_in_order(
-    kafka: KafkaBroker, cluster: MockCluster
-) -> None:
+def test_retriable_broker_errors_are_retried_in_order(kafka: KafkaBroker, cluster: Cluster) -> None:
     """librdkafka retries NOT_ENOUGH_REPLICAS itself; the idempotent producer keeps the order."""
     cluster.fail_produce(*[KafkaError.NOT_ENOUGH_REPLICAS] * 3)
     events = [make_event("replicas.t", key="k") for _ in range(20)]
@@ -237,7 +236,7 @@ def test_retriable_broker_errors_are_retried_in_order(
 
 
 def test_cluster_down_in_the_middle_of_a_batch_then_back(
-    kafka: KafkaBroker, cluster: MockCluster
+    kafka: KafkaBroker, cluster: Cluster
 ) -> None:
     before = make_event("outage.t", key="k")
     assert kinds(kafka.publish([before])) == [OK]
@@ -279,7 +278,7 @@ def test_a_broker_keeps_the_batch_order() -> None:
 # Options and secrets
 
 
-def test_options_from_strings(cluster: MockCluster) -> None:
+def test_options_from_strings(cluster: Cluster) -> None:
     broker = create_broker(
         cluster.url,
         envelope="CloudEvents-Binary",
@@ -328,7 +327,7 @@ def test_bad_options_raise_configuration_error(
     assert "hunter2" not in str(caught.value)
 
 
-def test_sasl_password_never_shown(cluster: MockCluster, caplog: pytest.LogCaptureFixture) -> None:
+def test_sasl_password_never_shown(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="outbox.brokers.kafka")
     secret = f"s3cret-{uuid.uuid4().hex[:8]}"
     sasl = {
@@ -358,7 +357,7 @@ def test_sasl_password_never_shown(cluster: MockCluster, caplog: pytest.LogCaptu
     assert "***" in str(caught.value)
 
 
-def test_registry_knows_kafka(cluster: MockCluster) -> None:
+def test_registry_knows_kafka(cluster: Cluster) -> None:
     broker = create_broker(cluster.url)
     assert isinstance(broker, KafkaBroker)
     assert broker.probe() is None

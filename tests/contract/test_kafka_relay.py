@@ -30,7 +30,7 @@ from outbox_core import Inbox, Outbox, State
 from outbox_core.brokers.kafka import KafkaBroker
 from tests.contract.broker_fixtures import make_event
 from tests.contract.test_end_to_end import produce
-from tests.kafka_mock import MockCluster, read_all
+from tests.kafka_mock import Cluster, kafka_cluster, read_all
 
 #: A consumer in another process, with kafka-python: every record of the topic as JSON lines.
 KAFKA_PYTHON_READER = r"""
@@ -66,15 +66,14 @@ def outbox_cmd(*args: str) -> list[str]:
 
 
 @pytest.fixture
-def cluster() -> Iterator[MockCluster]:
-    mock = MockCluster(3)
-    yield mock
-    mock.close()
+def cluster() -> Iterator[Cluster]:
+    """The mock cluster, or the real Kafka at ``OUTBOX_TEST_KAFKA_URL`` (compatibility workflow)."""
+    made = kafka_cluster()
+    yield made
+    made.close()
 
 
-def start_relay(
-    db_url: str, table: str, cluster: MockCluster, *extra: str
-) -> subprocess.Popen[str]:
+def start_relay(db_url: str, table: str, cluster: Cluster, *extra: str) -> subprocess.Popen[str]:
     args = outbox_cmd(
         "relay", "--db", db_url, "--table", table, "--broker", cluster.url,
         "--batch-size", "200", "--poll-interval", "50ms", *extra,
@@ -90,7 +89,7 @@ def stop(relay: subprocess.Popen[str]) -> str:
 
 
 def read_with_kafka_python(
-    cluster: MockCluster, topic: str, want: int, timeout: float = 120
+    cluster: Cluster, topic: str, want: int, timeout: float = 120
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -147,7 +146,7 @@ OUTAGE = float(os.environ.get("OUTBOX_KAFKA_OUTAGE", "3"))
 
 
 def test_relay_process_delivers_to_kafka_in_key_order_read_by_kafka_python(
-    backend: str, outbox: Outbox, db_url: str, cluster: MockCluster
+    backend: str, outbox: Outbox, db_url: str, cluster: Cluster
 ) -> None:
     if backend == "mssql":
         pytest.skip("the Kafka path is the same on every database; SQL Server runs elsewhere")
@@ -176,7 +175,7 @@ def test_relay_process_delivers_to_kafka_in_key_order_read_by_kafka_python(
 
 
 def test_relay_outage_spends_no_attempt_and_everything_arrives_after_the_return(
-    backend: str, outbox: Outbox, db_url: str, cluster: MockCluster
+    backend: str, outbox: Outbox, db_url: str, cluster: Cluster
 ) -> None:
     if backend == "mssql":
         pytest.skip("the Kafka path is the same on every database; SQL Server runs elsewhere")
@@ -239,7 +238,7 @@ def test_relay_outage_spends_no_attempt_and_everything_arrives_after_the_return(
 
 
 def test_status_broker_kafka_up_down_and_masked(
-    outbox: Outbox, db_url: str, cluster: MockCluster
+    outbox: Outbox, db_url: str, cluster: Cluster
 ) -> None:
     table = outbox.table.name
     up = subprocess.run(
@@ -281,7 +280,7 @@ def test_status_broker_kafka_up_down_and_masked(
     ids=["debezium-binary", "topic-structured"],
 )  # fmt: skip
 def test_relay_once_with_the_documented_options(
-    outbox: Outbox, db_url: str, cluster: MockCluster, options: list[str], topic: str
+    outbox: Outbox, db_url: str, cluster: Cluster, options: list[str], topic: str
 ) -> None:
     with outbox.engine.begin() as conn:
         ids = [outbox.enqueue(conn, "Order", {"i": i}, key="order-1") for i in range(3)]
@@ -309,7 +308,7 @@ def test_relay_once_with_the_documented_options(
 
 
 def test_relays_sigkilled_under_a_producer_lose_nothing_and_keep_key_order(
-    backend: str, outbox: Outbox, db_url: str, cluster: MockCluster
+    backend: str, outbox: Outbox, db_url: str, cluster: Cluster
 ) -> None:
     """Three relays, one SIGKILLed about every second while a producer commits.
 
@@ -382,7 +381,7 @@ def load_example() -> ModuleType:
 
 
 def test_the_kafka_consumer_example_applies_each_event_once(
-    outbox: Outbox, cluster: MockCluster
+    outbox: Outbox, cluster: Cluster
 ) -> None:
     example = load_example()
     meta = sa.MetaData()
