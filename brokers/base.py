@@ -44,6 +44,9 @@ class Broker(ABC):
     #: (:func:`probe_quietly`): pika logs several ERROR lines for every refused
     #: connection, and the relay's one outage line already says it.
     quiet_loggers: ClassVar[tuple[str, ...]] = ()
+    #: OpenTelemetry's ``messaging.system`` of the spans (``kafka``, ``rabbitmq``);
+    #: None: the class name without "Broker", lower case.
+    messaging_system: ClassVar[str | None] = None
 
     @abstractmethod
     def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:

@@ -235,6 +235,8 @@ class NatsBroker(Broker):
     on the broker's own event loop thread.
     """
 
+    messaging_system = "nats"
+
     unavailable_errors = (
         nats.errors.ConnectionClosedError,
         nats.errors.ConnectionReconnectingError,

@@ -178,6 +178,8 @@ class RedisBroker(Broker):
     One instance serves one relay; :meth:`publish` calls are serialised.
     """
 
+    messaging_system = "redis"
+
     unavailable_errors = (
         redis.exceptions.ConnectionError,  # refused, lost, login refused, loading
         redis.exceptions.TimeoutError,

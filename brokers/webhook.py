@@ -208,6 +208,8 @@ class WebhookBroker(Broker):
     One instance serves one relay; :meth:`publish` calls are serialised.
     """
 
+    messaging_system = "http"
+
     #: A batch's requests run concurrently, so two events of one key may
     #: arrive in either order: the relay hands this broker one per key at a time.
     keeps_batch_order = False

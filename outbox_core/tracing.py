@@ -121,7 +121,7 @@ def tracer_for(broker: object) -> SendTracer | None:
     if not _AVAILABLE:
         return None
     name = type(broker).__name__.lower()
-    system = "rabbitmq" if "rabbit" in name else "http" if "webhook" in name else name
+    system = getattr(broker, "messaging_system", None) or name.removesuffix("broker")
     url = getattr(broker, "url", None)
     destination = str(getattr(broker, "exchange", None) or (mask_url(url) if url else name))
     return SendTracer(system, destination)

@@ -151,6 +151,8 @@ class KafkaBroker(Broker):
     included: never print it; :meth:`describe_config` masks them).
     """
 
+    messaging_system = "kafka"
+
     #: librdkafka reports an outage through callbacks, not exceptions; the
     #: exceptions ``produce()`` raises are the record's (see :meth:`unavailable_outcome`).
     unavailable_errors = ()

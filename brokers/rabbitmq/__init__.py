@@ -103,6 +103,8 @@ class RabbitMQBroker(Broker):
     :attr:`connection` (:class:`ConfirmingConnection`, ``rabbitmq.connection``).
     """
 
+    messaging_system = "rabbitmq"
+
     #: pika's errors of a connection or channel gone while publishing; the
     #: batch is then lost (an outage, unless the server closed the channel
     #: over a message: see ``_settle``).

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from outbox_core import Outbox, State
 from outbox_core.brokers.base import Broker, create_broker
 from tests.contract.broker_fixtures import TcpProxy, unused_port
+from tests.contract.relay_kills import busy_relay, reclaimed
 from tests.contract.stream_fixtures import NatsStream, RedisStreams, require_nats, require_redis
 
 pytestmark = pytest.mark.needs_server
@@ -316,18 +317,14 @@ def test_sigkilled_relays_under_a_producer_lose_nothing_and_double_nothing(
     import random
     import threading
 
+    rng = random.Random()
+
     total, keys = 6_000, 200
     committed: dict[str, tuple[str, int]] = {}
     producing = threading.Event()
     producing.set()
 
     bitten = threading.Event()  # a kill landed between a claim and its mark
-
-    def reclaimed() -> int:
-        t = outbox.table
-        with outbox.engine.connect() as conn:
-            query = sa.select(sa.func.count()).where(t.c.attempts > 1)
-            return int(conn.execute(query).scalar_one())
 
     def produce_slowly() -> None:
         seq: dict[str, int] = {}
@@ -350,24 +347,6 @@ def test_sigkilled_relays_under_a_producer_lose_nothing_and_double_nothing(
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def busy_relay(procs: list[subprocess.Popen[bytes]]) -> int:
-        """A relay holding leases right now (its pid is in its lease tokens), else any:
-        a kill between a claim and its mark is what must cause no duplicate."""
-        t = outbox.table
-        pids = [p.pid for p in procs]
-        give_up = time.monotonic() + 1.0
-        while time.monotonic() < give_up:
-            with outbox.engine.connect() as conn:
-                owners = conn.execute(
-                    sa.select(t.c.lease_owner).where(t.c.state == int(State.LEASED)).distinct()
-                ).scalars()
-                held = {int(o.split(":")[0].rsplit("-", 2)[1]) for o in owners if o}
-            busy = [i for i, pid in enumerate(pids) if pid in held]
-            if busy:
-                return random.choice(busy)
-            time.sleep(0.01)
-        return random.randrange(len(procs))
-
     relays = [start() for _ in range(3)]
     producer = threading.Thread(target=produce_slowly)
     producer.start()
@@ -375,12 +354,14 @@ def test_sigkilled_relays_under_a_producer_lose_nothing_and_double_nothing(
     try:
         while producing.is_set() or kills < 8:
             time.sleep(1.5)  # a relay needs about a second to start: let it work first
-            victim = busy_relay(relays)
+            # A relay holding leases: a kill between a claim and its mark is
+            # what must cause no duplicate.
+            victim = busy_relay(outbox, [r.pid for r in relays], rng)
             relays[victim].send_signal(signal.SIGKILL)
             relays[victim].wait(timeout=30)
             relays[victim] = start()
             kills += 1
-            if not bitten.is_set() and reclaimed():
+            if not bitten.is_set() and reclaimed(outbox):
                 bitten.set()
         producer.join()
         received = wait_for(target, set(committed), timeout=180)

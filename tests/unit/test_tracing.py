@@ -59,7 +59,7 @@ def test_send_span_is_linked_to_the_enqueue_and_propagated(
     span = by_id[created.event_id]
     assert span.name == "send memorybroker"
     assert span.attributes["messaging.operation.type"] == "send"
-    assert span.attributes["messaging.system"] == "memorybroker"
+    assert span.attributes["messaging.system"] == "memory"
     assert [link.context.span_id for link in span.links] == [request_ctx.span_id]
     assert span.context.trace_id != 0
     # The broker got the send span's context, not the request's.
@@ -98,3 +98,26 @@ def test_without_a_tracer_provider_no_spans_are_built(
     # Published as enqueued: the consumer continues the producer's trace.
     assert sent == [event]
     assert spans.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize(
+    ("module", "cls", "system"),
+    [
+        ("outbox_core.brokers.kafka", "KafkaBroker", "kafka"),
+        ("outbox_core.brokers.nats", "NatsBroker", "nats"),
+        ("outbox_core.brokers.redis", "RedisBroker", "redis"),
+        ("outbox_core.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
+        ("outbox_core.brokers.webhook", "WebhookBroker", "http"),
+        ("outbox_core.brokers.memory", "MemoryBroker", "memory"),
+    ],
+)
+def test_messaging_system_is_the_brokers_own_name(module: str, cls: str, system: str) -> None:
+    """OpenTelemetry's messaging.system: "kafka", not the class name."""
+    import importlib
+
+    from outbox_core.tracing import tracer_for
+
+    broker = object.__new__(getattr(importlib.import_module(module), cls))
+    tracer = tracer_for(broker)
+    assert tracer is not None
+    assert tracer.system == system
