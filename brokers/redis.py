@@ -12,7 +12,11 @@ entry only if the event id was not seen within ``dedup_ttl`` (1 hour by
 default): it keeps ``outbox:dedup:<event id>`` -> the entry's id for that long.
 A relay that dies after publishing and before marking the batch sent adds no
 second entry when the batch is published again; ``dedup_ttl=0`` turns it off.
-Redis 8.6's idempotent ``XADD`` is not used yet. The script touches keys of
+Redis 8.6's idempotent ``XADD`` (``IDMP``) is not used: it keeps at most
+10,000 ids per producer id, and a batch published again after a relay died is
+published by another relay; one producer id shared by all would make the
+window the last 10,000 events (seconds at a relay's rate), where
+``dedup_ttl`` is a time whatever the rate. The script touches keys of
 several streams, so it needs one Redis (or a cluster where they share a slot).
 
 Outcomes: the entry added, or already added (a duplicate) -> ``ok``;
