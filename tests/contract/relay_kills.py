@@ -43,13 +43,3 @@ def reclaimed(outbox: Outbox) -> int:
     t = outbox.table
     with outbox.engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).where(t.c.attempts > 1)).scalar_one())
-
-
-def extra_claims(outbox: Outbox) -> int:
-    """Claims beyond each event's first: the most copies a broker may hold beyond one each."""
-    t = outbox.table
-    with outbox.engine.connect() as conn:
-        query = sa.select(sa.func.coalesce(sa.func.sum(t.c.attempts - 1), 0)).where(
-            t.c.attempts > 1
-        )
-        return int(conn.execute(query).scalar_one())

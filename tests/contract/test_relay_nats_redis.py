@@ -87,7 +87,12 @@ def _redis_target() -> Target:
     )
 
 
-@pytest.fixture(params=["nats", "redis"])
+@pytest.fixture(
+    params=[
+        pytest.param("nats", marks=pytest.mark.nats),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ]
+)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     made = _nats_target() if request.param == "nats" else _redis_target()
     yield made
@@ -379,7 +384,7 @@ def test_sigkilled_relays_under_a_producer_lose_nothing_and_double_nothing(
     deadline = time.monotonic() + 60
     while states(outbox) != {int(State.SENT): len(committed)} and time.monotonic() < deadline:
         time.sleep(0.2)  # the last killed relay's leases run out, its rows get marked
-    again = reclaimed()
+    again = reclaimed(outbox)
     print(
         f"\nsigkill[{backend}-{target.name}]: {len(committed)} events, {kills} kills, "
         f"{again} claimed again after a kill, {duplicates} duplicates reached {target.name}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,10 +31,13 @@ PACKAGE = ROOT / "examples" / "broker_package"
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example package installed by pip into a folder of its own."""
     target = tmp_path_factory.mktemp("site")
+    # Built from a copy: the build leaves build/ and *.egg-info beside its sources.
+    source = tmp_path_factory.mktemp("src") / "broker_package"
+    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     install = subprocess.run(
         [
             sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-            "--target", str(target), str(PACKAGE),
+            "--target", str(target), str(source),
         ],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
