@@ -139,6 +139,7 @@ def test_every_event_ok_in_order_and_really_arrived(harness: Harness) -> None:
     assert kinds(outcomes) == [OK] * len(events)
     arrived = harness.arrived()
     for event in events:
+        assert event.event_id in arrived, f"{event.event_id}: ok, but not in the broker"
         topic, headers, payload = arrived[event.event_id]
         assert topic == event.topic
         assert payload == event.payload
