@@ -60,7 +60,6 @@ or a token (``nats://token@host``) come from the URL; neither is ever shown.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import logging
@@ -68,7 +67,6 @@ import os
 import re
 import ssl
 import threading
-import time
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -83,11 +81,11 @@ from nats.aio.msg import Msg
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker
+from outbox_core.brokers.reconnect import Reconnects
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, from_values, setting
 from outbox_core.message import Event, Outcome, payload_bytes
 from outbox_core.redaction import redact
-from outbox_core.retry import Backoff
 
 log = logging.getLogger("outbox.brokers.nats")
 
@@ -268,9 +266,7 @@ class NatsBroker(Broker):
         self._thread.start()
         self._conn: _Connection | None = None
         self._replies = itertools.count(1)
-        self._retry_at = 0.0
-        self._failures = 0
-        self._last_error = ""
+        self._reconnects = Reconnects("NATS", self.options.reconnect_max, log)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> NatsBroker:
@@ -339,7 +335,7 @@ class NatsBroker(Broker):
         with self._lock:
             if self._closed:
                 return "NATS broker is closed"
-            self._retry_at = 0.0  # the relay paces its probes: connect now
+            self._reconnects.now()  # the relay paces its probes: connect now
             try:
                 return self._run(self._probe(), self._wait_limit)
             except Exception as exc:
@@ -481,38 +477,17 @@ class NatsBroker(Broker):
         if conn is not None:
             log.info("%s: %s; reconnecting", self.display, conn.lost or "connection closed")
             await self._disconnect()
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            raise _Down(
-                f"NATS unavailable ({self._last_error}); next connection attempt in {wait:.1f}s"
-            )
+        waiting = self._reconnects.waiting()
+        if waiting is not None:
+            raise _Down(waiting)
         try:
             self._conn = await self._connect()
         except Exception as exc:
             message = f"connecting to {self.display} failed: {_describe(exc)}"
-            self._failures += 1
-            delay = self._reconnects.next()
-            self._retry_at = time.monotonic() + delay
-            self._last_error = message
-            log.log(
-                logging.WARNING if self._failures == 1 else logging.DEBUG,
-                "NATS: %s (attempt %d; next attempt in %.1fs)",
-                message,
-                self._failures,
-                delay,
-            )
+            self._reconnects.failed(message)
             raise _Down(message) from None
-        if self._failures:
-            log.info("%s: connected after %d failed attempts", self.display, self._failures)
-        self._failures = 0
-        self._reconnects.reset()
-        self._retry_at = 0.0
+        self._reconnects.connected(self.display)
         return self._conn
-
-    @functools.cached_property
-    def _reconnects(self) -> Backoff:
-        """Waits between connection attempts: 0.5 s doubling up to ``reconnect_max``."""
-        return Backoff(0.5, self.options.reconnect_max)
 
     def _tls(self) -> ssl.SSLContext | None:
         opts = self.options

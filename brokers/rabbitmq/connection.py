@@ -9,7 +9,6 @@ outcomes then are is the broker's (``rabbitmq/__init__.py``).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import deque
@@ -24,8 +23,8 @@ from pika.adapters.select_connection import IOLoop
 
 from outbox_core.brokers.rabbitmq.mapping import AmqpMessage
 from outbox_core.brokers.rabbitmq.options import RabbitMQOptions
+from outbox_core.brokers.reconnect import Reconnects
 from outbox_core.message import Outcome
-from outbox_core.retry import Backoff
 
 log = logging.getLogger("outbox.brokers.rabbitmq")
 
@@ -139,10 +138,7 @@ class ConfirmingConnection:
         #: Why the connection or channel went away, until it is replaced.
         self._down: str | None = None
         self._blocked = False
-        #: Failed connection attempts in a row, the next allowed one, the last error.
-        self._failures = 0
-        self._retry_at = 0.0
-        self._last_error = ""
+        self._reconnects = Reconnects("RabbitMQ", options.reconnect_max, log)
 
     # -- what the broker calls ------------------------------------------------
 
@@ -158,7 +154,7 @@ class ConfirmingConnection:
         ``now`` connects at once (a probe: the relay paces those itself).
         """
         if now:
-            self._retry_at = 0.0
+            self._reconnects.now()
         try:
             self._ensure_channel()
         except _Unavailable as exc:
@@ -242,11 +238,6 @@ class ConfirmingConnection:
                 ioloop.close()
             except Exception:
                 log.debug("error while closing the I/O loop", exc_info=True)
-
-    @functools.cached_property
-    def _reconnects(self) -> Backoff:
-        """Waits between connection attempts: 0.5 s doubling up to ``reconnect_max``."""
-        return Backoff(0.5, self.options.reconnect_max)
 
     # -- pika's callbacks -------------------------------------------------------
 
@@ -380,11 +371,9 @@ class ConfirmingConnection:
             self.close()
         elif self._conn is not None:
             self.close()
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            raise _Unavailable(
-                f"RabbitMQ unavailable ({self._last_error}); next connection attempt in {wait:.1f}s"
-            )
+        waiting = self._reconnects.waiting()
+        if waiting is not None:
+            raise _Unavailable(waiting)
         try:
             self._connect()
         except Exception as exc:
@@ -394,24 +383,10 @@ class ConfirmingConnection:
                 log.exception("unexpected error while connecting to %s", self.display)
                 message = f"connecting to {self.display} failed: {_describe(exc)}"
             self.close()
-            self._failures += 1
-            delay = self._reconnects.next()
-            self._retry_at = time.monotonic() + delay
-            self._last_error = message
             # Once per outage: the relay reports the outage and its end.
-            log.log(
-                logging.WARNING if self._failures == 1 else logging.DEBUG,
-                "RabbitMQ: %s (attempt %d; next attempt in %.1fs)",
-                message,
-                self._failures,
-                delay,
-            )
+            self._reconnects.failed(message)
             raise _Unavailable(message) from None
-        if self._failures:
-            log.info("%s: connected after %d failed attempts", self.display, self._failures)
-        self._failures = 0
-        self._reconnects.reset()
-        self._retry_at = 0.0
+        self._reconnects.connected(self.display)
 
     def _step(self, what: str, start: Callable[[Callable[..., None]], None]) -> None:
         """Start an asynchronous pika operation and run the loop until its callback."""

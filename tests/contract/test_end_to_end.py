@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from outbox_core import Outbox, State
 from outbox_core.brokers.rabbitmq import RabbitMQBroker
+from outbox_core.relay import Relay
 from tests.contract.broker_fixtures import RabbitState, TcpProxy, unused_port
 
 EVENTS = 5_000
@@ -97,6 +98,21 @@ def start_relay(db_url: str, table: str, rabbit: RabbitState, *extra: str) -> su
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def check_outage_spends_nothing(relay: Relay, outbox: Outbox, first_id: str) -> None:
+    """One ordered cycle against a broker that is down: released unspent, then no claim."""
+    result = relay.run_once()
+    assert (result.claimed, result.sent, result.retried) == (1, 0, 0)
+    assert (result.unavailable, result.released) == (1, 1)
+    assert relay.broker_state.up is False
+    assert relay.broker_state.error
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        row: Any = conn.execute(sa.select(t).where(t.c.event_id == first_id)).one()
+    assert row.state == State.PENDING
+    assert row.attempts == 0  # an outage is not the event's failure
+    assert relay.run_once().claimed == 0  # no claims while the broker is down
+
+
 @pytest.mark.needs_server
 def test_relay_process_delivers_every_committed_event_in_key_order(
     backend: str, outbox: Outbox, db_url: str, rabbit: RabbitState
@@ -143,17 +159,7 @@ def test_relay_spends_no_attempt_while_rabbitmq_is_down_and_delivers_when_it_is_
     )
     relay = outbox.relay(broker, ordered=True, backoff_base=0, reap_interval=0, cleanup_after=0)
     try:
-        result = relay.run_once()
-        assert (result.claimed, result.sent, result.retried) == (1, 0, 0)
-        assert (result.unavailable, result.released) == (1, 1)
-        assert relay.broker_state.up is False
-        assert relay.broker_state.error
-        t = outbox.table
-        with outbox.engine.connect() as conn:
-            row: Any = conn.execute(sa.select(t).where(t.c.event_id == ids[0])).one()
-        assert row.state == State.PENDING
-        assert row.attempts == 0  # an outage is not the event's failure
-        assert relay.run_once().claimed == 0  # no claims while the broker is down
+        check_outage_spends_nothing(relay, outbox, ids[0])
         assert rabbit.drain() == []
 
         proxy.target = (host or "127.0.0.1", int(port or 5672))  # the broker is back
@@ -168,7 +174,7 @@ def test_relay_spends_no_attempt_while_rabbitmq_is_down_and_delivers_when_it_is_
         assert arrived == ids  # all of them, in key order
         assert relay.broker_state.up is True
         with outbox.engine.connect() as conn:
-            assert set(conn.execute(sa.select(t.c.attempts)).scalars()) == {1}
+            assert set(conn.execute(sa.select(outbox.table.c.attempts)).scalars()) == {1}
     finally:
         relay.close()
         proxy.close()

@@ -123,6 +123,20 @@ def wait_until_sent(outbox: Outbox, total: int, timeout: float) -> float:
     raise AssertionError(f"not all sent in {timeout}s: {states(outbox)}")
 
 
+def read_back(cluster: Cluster, topic: str) -> list[dict[str, Any]]:
+    """The topic's records, read with confluent-kafka, shaped as the kafka-python reader prints."""
+    return [
+        {
+            "partition": r.partition,
+            "offset": r.offset,
+            "key": r.key,
+            "headers": {"event_id": r.event_id},
+            "payload": json.loads(r.value),
+        }
+        for r in read_all(cluster.bootstrap, [topic])
+    ]
+
+
 def check_key_order(received: list[dict[str, Any]]) -> None:
     """First deliveries of each key: seq 0, 1, 2... and one partition per key."""
     last: dict[str, int] = {}
@@ -223,17 +237,7 @@ def test_relay_outage_spends_no_attempt_and_everything_arrives_after_the_return(
     with outbox.engine.connect() as conn:
         attempts = set(conn.execute(sa.select(t.c.attempts)).scalars())
     assert attempts == {1}  # the outage spent no attempt
-    records = read_all(cluster.bootstrap, [topic])
-    received = [
-        {
-            "partition": r.partition,
-            "offset": r.offset,
-            "key": r.key,
-            "headers": {"event_id": r.event_id},
-            "payload": json.loads(r.value),
-        }
-        for r in records
-    ]
+    received = read_back(cluster, topic)
     assert len({r["headers"]["event_id"] for r in received}) == total
     check_key_order(received)
     assert "unavailable" in err.lower()
@@ -355,17 +359,7 @@ def test_relays_sigkilled_under_a_producer_lose_nothing_and_keep_key_order(
             relay.kill()
             relay.communicate()
     again = reclaimed(outbox)
-    records = read_all(cluster.bootstrap, [topic])
-    received = [
-        {
-            "partition": r.partition,
-            "offset": r.offset,
-            "key": r.key,
-            "headers": {"event_id": r.event_id},
-            "payload": json.loads(r.value),
-        }
-        for r in records
-    ]
+    received = read_back(cluster, topic)
     ids = {r["headers"]["event_id"] for r in received}
     assert len(ids) == total  # nothing lost
     check_key_order(received)  # among first deliveries

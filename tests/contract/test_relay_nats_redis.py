@@ -32,6 +32,7 @@ from outbox_core.brokers.base import Broker, create_broker
 from tests.contract.broker_fixtures import TcpProxy, unused_port
 from tests.contract.relay_kills import busy_relay, reclaimed
 from tests.contract.stream_fixtures import NatsStream, RedisStreams, require_nats, require_redis
+from tests.contract.test_end_to_end import check_outage_spends_nothing
 
 pytestmark = pytest.mark.needs_server
 
@@ -257,17 +258,7 @@ def test_relay_spends_no_attempt_while_the_broker_is_down_and_delivers_when_it_i
     broker = target.broker(proxy.url(target.url), connect_timeout="1")
     relay = outbox.relay(broker, ordered=True, backoff_base=0, reap_interval=0, cleanup_after=0)
     try:
-        result = relay.run_once()
-        assert (result.claimed, result.sent, result.retried) == (1, 0, 0)
-        assert (result.unavailable, result.released) == (1, 1)
-        assert relay.broker_state.up is False
-        assert relay.broker_state.error
-        t = outbox.table
-        with outbox.engine.connect() as conn:
-            row: Any = conn.execute(sa.select(t).where(t.c.event_id == ids[0])).one()
-        assert row.state == State.PENDING
-        assert row.attempts == 0  # an outage is not the event's failure
-        assert relay.run_once().claimed == 0  # no claims while the broker is down
+        check_outage_spends_nothing(relay, outbox, ids[0])
         assert target.received() == []
 
         proxy.target = (parts.hostname or "127.0.0.1", parts.port or 0)  # the broker is back
@@ -280,7 +271,7 @@ def test_relay_spends_no_attempt_while_the_broker_is_down_and_delivers_when_it_i
         assert [r[0] for r in target.received()] == ids  # all of them, in key order
         assert relay.broker_state.up is True
         with outbox.engine.connect() as conn:
-            assert set(conn.execute(sa.select(t.c.attempts)).scalars()) == {1}
+            assert set(conn.execute(sa.select(outbox.table.c.attempts)).scalars()) == {1}
     finally:
         relay.close()
         proxy.close()
