@@ -20,7 +20,7 @@ loop and waits. Every message of the batch is written to the connection at
 once with its own reply subject (one wildcard subscription per connection
 collects the answers), then the ``PubAck``\\ s are awaited together: a batch
 costs about one round trip. Answers arriving concurrently may complete in any
-order, so the broker declares ``keeps_batch_order = False`` and the relay
+order, so the broker declares ``keeps_batch_order = False`` and an ordered relay
 sends a key's next event only after its previous one was acknowledged.
 
 Outcomes: a ``PubAck`` (a duplicate or not) -> ``ok``; no stream bound to the

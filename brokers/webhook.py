@@ -3,7 +3,7 @@
 Requests within a batch run concurrently (``concurrency``, default 16) on a
 small thread pool sharing one pooled :class:`httpx.Client`, each with its own
 outcome. So the broker does not keep a key's order within a batch
-(``keeps_batch_order = False``): the relay sequences a key's events for it.
+(``keeps_batch_order = False``): an ordered relay sequences a key's events for it.
 
 Requests are signed per the `Standard Webhooks <https://www.standardwebhooks.com/>`_
 specification when a ``secret`` (``whsec_<base64>``) is configured:

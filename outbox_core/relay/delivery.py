@@ -1,10 +1,12 @@
 """Publishing a claimed batch; the relay owns per-key sequencing for every broker.
 
-A key's next event goes out only after its previous one was accepted where
-the claim holds runs of a key (ordered, ``run_length > 1``) or where the
-broker does not keep a batch's order (:attr:`Broker.keeps_batch_order` is
-False: concurrent requests) and the batch holds two events of one key
-(docs/design.md, Broker outcomes).
+In ordered mode a key's next event goes out only after its previous one was
+accepted where the claim holds runs of a key (``run_length > 1``), or where
+the broker does not keep a batch's order (:attr:`Broker.keeps_batch_order`
+is False: concurrent requests) and the batch holds two events of one key
+(docs/design.md, Broker outcomes). Unordered relays promise no order, so
+they publish every batch at once: a wave per repeat of a key would cost a
+round trip for an order nobody was promised.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ log = logging.getLogger("outbox.relay")
 class Delivery:
     """Publishes batches through the broker (with producer spans when tracing is on)."""
 
-    def __init__(self, broker: Broker, *, runs: bool) -> None:
+    def __init__(self, broker: Broker, *, ordered: bool, runs: bool) -> None:
         self.broker = broker
         #: Producer spans per event when opentelemetry is installed.
         self.tracer = tracing.tracer_for(broker)
         #: Every batch goes in waves: the claim holds runs of a key.
         self.always_waves = runs
-        #: A batch holding two events of one key goes in waves: the broker may reorder it.
-        self.waves_for_repeats = not broker.keeps_batch_order
+        #: Ordered, a batch holding two events of one key goes in waves: the broker may
+        #: reorder it.
+        self.waves_for_repeats = ordered and not broker.keeps_batch_order
 
     def deliver(self, events: Sequence[Event]) -> Sequence[Outcome | None]:
         """Publish a batch: one outcome per event, ``None`` for one not published.

@@ -91,7 +91,9 @@ class Relay:
         )
         self.leases = Leases(dialect, self.connections, settings.lease)
         self.breaker = Breaker(broker, self.observers)
-        self.delivery = Delivery(broker, runs=settings.ordered and settings.run_length > 1)
+        self.delivery = Delivery(
+            broker, ordered=settings.ordered, runs=settings.ordered and settings.run_length > 1
+        )
         # run() finishes cycles on its claim and settle threads: cleanup and
         # the observers see one cycle at a time.
         self._finish_lock = threading.Lock()

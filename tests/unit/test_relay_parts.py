@@ -213,7 +213,7 @@ def test_repeats_a_key() -> None:
 def test_an_orderless_broker_gets_one_event_of_a_key_per_wave() -> None:
     broker = Orderless(MemoryQueue("waves"))
     events = [event(1, "a"), event(2, "a"), event(3, "b"), event(4), event(5, "a")]
-    outcomes = Delivery(broker, runs=False).deliver(events)
+    outcomes = Delivery(broker, ordered=True, runs=False).deliver(events)
     assert outcomes == [Outcome.ok()] * 5
     assert broker.batches == [[1, 3, 4], [2], [5]]
     assert [e.id for e in broker.queue.snapshot()] == [1, 3, 4, 2, 5]
@@ -222,7 +222,7 @@ def test_an_orderless_broker_gets_one_event_of_a_key_per_wave() -> None:
 def test_an_orderless_broker_gets_a_batch_of_distinct_keys_at_once() -> None:
     broker = Orderless(MemoryQueue("distinct"))
     events = [event(1, "a"), event(2, "b"), event(3), event(4)]
-    assert Delivery(broker, runs=False).deliver(events) == [Outcome.ok()] * 4
+    assert Delivery(broker, ordered=True, runs=False).deliver(events) == [Outcome.ok()] * 4
     assert broker.batches == [[1, 2, 3, 4]]
 
 
@@ -230,7 +230,7 @@ def test_an_ordered_broker_gets_repeated_keys_in_one_batch() -> None:
     broker = MemoryBroker(MemoryQueue("ordered"))
     events = [event(1, "a"), event(2, "a"), event(3, "b")]
     calls: list[int] = []
-    delivery = Delivery(broker, runs=False)
+    delivery = Delivery(broker, ordered=True, runs=False)
     publish = delivery.publish
 
     def counting(batch: Sequence[Event]) -> list[Outcome]:
@@ -247,7 +247,7 @@ def test_a_key_stops_at_its_first_failure() -> None:
         MemoryQueue("failure"), decide=lambda e: Outcome.retry("busy") if e.id == 2 else None
     )
     events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "b"), event(5, "b")]
-    outcomes = Delivery(broker, runs=False).deliver(events)
+    outcomes = Delivery(broker, ordered=True, runs=False).deliver(events)
     assert outcomes == [Outcome.ok(), Outcome.retry("busy"), None, Outcome.ok(), Outcome.ok()]
     assert broker.batches == [[1, 4], [2, 5]]
 
@@ -257,13 +257,30 @@ def test_an_unavailable_outcome_stops_the_waves() -> None:
         MemoryQueue("down"), decide=lambda e: Outcome.unavailable("down") if e.id == 4 else None
     )
     events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "b"), event(5, "c")]
-    outcomes = Delivery(broker, runs=False).deliver(events)
+    outcomes = Delivery(broker, ordered=True, runs=False).deliver(events)
     assert outcomes == [Outcome.ok(), None, None, Outcome.unavailable("down"), Outcome.ok()]
     assert broker.batches == [[1, 4, 5]]
 
 
-def test_a_relay_sequences_keys_for_an_orderless_broker(tmp_path: Path) -> None:
-    """End to end on SQLite: the events after a key's failure go back unspent."""
+def test_an_unordered_relay_publishes_a_batch_at_once_even_to_an_orderless_broker() -> None:
+    """No order promised, no wave paid for: a failure holds nothing else back."""
+    broker = Orderless(
+        MemoryQueue("unordered"), decide=lambda e: Outcome.retry("busy") if e.id == 2 else None
+    )
+    events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "b"), event(5, "b")]
+    outcomes = Delivery(broker, ordered=False, runs=False).deliver(events)
+    assert outcomes == [
+        Outcome.ok(),
+        Outcome.retry("busy"),
+        Outcome.ok(),
+        Outcome.ok(),
+        Outcome.ok(),
+    ]
+    assert broker.batches == [[1, 2, 3, 4, 5]]
+
+
+def test_an_ordered_relay_sequences_keys_for_an_orderless_broker(tmp_path: Path) -> None:
+    """End to end on SQLite, runs claimed: the events after a key's failure go back unspent."""
     outbox = Outbox(f"sqlite:///{tmp_path / 'waves.db'}")
     outbox.install()
     with outbox.engine.begin() as conn:
@@ -281,7 +298,7 @@ def test_a_relay_sequences_keys_for_an_orderless_broker(tmp_path: Path) -> None:
         decide=lambda e: Outcome.retry("busy") if e.payload == 2 else None,
     )
     cycles: list[CycleResult] = []
-    with outbox.relay(broker, cleanup_after=0) as relay:
+    with outbox.relay(broker, cleanup_after=0, ordered=True, run_length=3) as relay:
         assert isinstance(relay, Relay)
         relay.observers.append(OnCycle(cycles.append))
         result = relay.run_once()
