@@ -100,3 +100,19 @@ def test_the_relay_finds_it_by_its_entry_point(site: Path, tmp_path: Path) -> No
     )  # fmt: skip
     assert missing.returncode != 0
     assert "jsonl" in missing.stderr
+
+
+def test_the_documented_testing_extra_brings_pytest() -> None:
+    """`pip install 'outbox-toolkit[testing]'` (docs/architecture.md) names an extra that exists."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(dep.startswith("pytest") for dep in extras["testing"])
+    assert "'outbox-toolkit[testing]'" in (ROOT / "docs" / "architecture.md").read_text()
+    example = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]
+    assert example["optional-dependencies"]["test"] == ["outbox-toolkit[testing]"]
+    assert example["entry-points"]["outbox_core.brokers"] == {
+        "jsonl": "outbox_jsonl:JsonLinesBroker"
+    }
