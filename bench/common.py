@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from outbox_core import CycleResult, Outbox, Relay
+from outbox_core.partitions import partition_of
 from outbox_core.relay import OnCycle
 
 PAYLOAD = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
@@ -23,11 +24,13 @@ def bulk_prefill(outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_0
     now = outbox.dialect.storage.bind_time(datetime.now(UTC).replace(tzinfo=None))
     started = time.perf_counter()
     for start in range(0, total, chunk):
+        ids = [str(uuid.uuid4()) for _ in range(start, min(start + chunk, total))]
         rows = [
             {
-                "event_id": str(uuid.uuid4()),
+                "event_id": ids[i - start],
                 "topic": "bench.event",
                 "key": f"k{i % keys}",
+                "key_partition": partition_of(f"k{i % keys}", ids[i - start]),
                 "payload": dict(PAYLOAD, order_id=i),
                 "headers": None,
                 "state": 0,

@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, postgresql
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import SchemaItem
 from sqlalchemy.sql.compiler import DDLCompiler
 from sqlalchemy.sql.ddl import BaseDDLElement
@@ -90,6 +91,10 @@ def _build_outbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Ta
             sa.UnicodeText().with_variant(mssql.NVARCHAR(None), "mssql"),
             nullable=True,
         ),
+        # The key's partition (outbox_core.partitions), written at enqueue.
+        # NULL in rows an earlier version wrote: relays compute it then. Last,
+        # where `outbox install` adds it to a table created before it.
+        sa.Column("key_partition", sa.SmallInteger(), nullable=True),
         sa.Index(f"ux_{name}_event_id", "event_id", unique=True),
         schema=schema,
         # AUTOINCREMENT: SQLite never reuses a deleted id, so ids stay in insertion order.
@@ -227,6 +232,32 @@ def _build_inbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Tab
     )
 
 
+def _build_relays(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Table:
+    """The membership of ordered relays: who is alive, and which partitions each owns.
+
+    One row per relay, its heartbeat written on the database's clock.
+    ``partitions`` is the relay's share (``0-63,128``) of the split last
+    agreed, ``epoch`` the number of that split: a rebalance locks every row,
+    so it waits for claims in flight, which lock their own relay's row.
+    """
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("relay_id", sa.String(64), primary_key=True),
+        sa.Column("host", sa.Unicode(255), nullable=False),
+        sa.Column("joined_at", _timestamp(), nullable=False),
+        sa.Column("heartbeat_at", _timestamp(), nullable=False),
+        sa.Column("partitions", sa.String(2000), nullable=False, server_default=""),
+        sa.Column("epoch", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        schema=schema,
+    )
+
+
+def missing_columns(table: sa.Table, present: set[str]) -> list[sa.Column[Any]]:
+    """Columns of ``table`` a table created by an earlier version lacks (all nullable)."""
+    return [c for c in table.columns if c.name.lower() not in present and c.nullable]
+
+
 @dataclass(frozen=True)
 class OutboxTables:
     """The outbox table and its inbox table, under validated names.
@@ -238,6 +269,7 @@ class OutboxTables:
     metadata: sa.MetaData
     outbox: sa.Table
     inbox: sa.Table
+    relays: sa.Table
 
     @classmethod
     def create(
@@ -254,16 +286,32 @@ class OutboxTables:
         outbox = _build_outbox(md, table, schema)
         _add_work_indexes(outbox)
         inbox = _build_inbox(md, f"{table}_inbox", schema)
-        return cls(md, outbox, inbox)
+        relays = _build_relays(md, f"{table}_relays", schema)
+        return cls(md, outbox, inbox, relays)
+
+    @property
+    def all(self) -> list[sa.Table]:
+        """The three tables, in the order they are created."""
+        return [self.outbox, self.inbox, self.relays]
 
     def create_all(self, bind: sa.Connection | sa.Engine) -> None:
-        """Create both tables and their indexes if they are missing.
+        """Create the tables, their columns and their indexes where they are missing.
 
-        Indexes are checked one by one, so ``outbox install`` also adds an
-        index a newer version introduced to tables created before it.
+        Columns and indexes are checked one by one, so ``outbox install``
+        also adds a column or an index a newer version introduced to tables
+        created before it.
         """
-        self.metadata.create_all(bind, tables=[self.outbox, self.inbox], checkfirst=True)
-        for table in (self.outbox, self.inbox):
+        if isinstance(bind, sa.Engine):
+            with bind.begin() as conn:
+                self.create_all(conn)
+            return
+        self.metadata.create_all(bind, tables=self.all, checkfirst=True)
+        inspector = sa.inspect(bind)
+        for table in self.all:
+            present = {c["name"].lower() for c in inspector.get_columns(table.name, table.schema)}
+            for column in missing_columns(table, present):
+                bind.execute(AddColumn(table, column))
+        for table in self.all:
             for index in sorted(table.indexes, key=lambda i: str(i.name)):
                 # ddl_if (the partial pending index) is honoured by create().
                 index.create(bind, checkfirst=True)
@@ -276,8 +324,29 @@ class OutboxTables:
             statements.append(str(sql.compile(dialect=engine.dialect)).strip())
 
         engine = sa.create_mock_engine(sa.engine.URL.create(dialect_name), record)
-        self.metadata.create_all(engine, tables=[self.outbox, self.inbox], checkfirst=False)
+        self.metadata.create_all(engine, tables=self.all, checkfirst=False)
         return ";\n\n".join(statements) + ";\n"
+
+
+class AddColumn(sa.schema.ExecutableDDLElement):
+    """``ALTER TABLE t ADD <column>``: the column as ``CREATE TABLE`` would declare it.
+
+    Core has no such construct (Alembic has); ``ADD`` without ``COLUMN`` is
+    what every supported database accepts.
+    """
+
+    inherit_cache = False
+
+    def __init__(self, table: sa.Table, column: sa.Column[Any]) -> None:
+        self.table = table
+        self.column = column
+
+
+@compiles(AddColumn)
+def _add_column(element: AddColumn, compiler: DDLCompiler, **kw: Any) -> str:
+    table = compiler.preparer.format_table(element.table)
+    column = compiler.process(sa.schema.CreateColumn(element.column), **kw)
+    return f"ALTER TABLE {table} ADD {column}"
 
 
 _default = OutboxTables.create()

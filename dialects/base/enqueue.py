@@ -16,6 +16,7 @@ from sqlalchemy.sql.dml import Insert
 
 from outbox_core.dialects.base.values import Listener
 from outbox_core.message import NewEvent, State
+from outbox_core.partitions import partition_of
 
 if TYPE_CHECKING:
     from outbox_core.dialects.base.dialect import Dialect
@@ -61,6 +62,7 @@ class EnqueueStatements:
                 event_id=sa.bindparam("o_event_id", type_=t.c.event_id.type),
                 topic=sa.bindparam("o_topic", type_=t.c.topic.type),
                 key=sa.bindparam("o_key", type_=t.c.key.type),
+                key_partition=sa.bindparam("o_key_partition", type_=t.c.key_partition.type),
                 payload=self.json_bind("o_payload"),
                 headers=self.json_bind("o_headers") if headers else sa.null(),
                 state=int(State.PENDING),
@@ -93,6 +95,7 @@ class EnqueueStatements:
             "o_event_id": event.event_id,
             "o_topic": event.topic,
             "o_key": event.key,
+            "o_key_partition": partition_of(event.key, event.event_id),
             "o_payload": event.payload_json if as_text else event.payload,
         }
         if headers:

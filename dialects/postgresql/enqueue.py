@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 
 from outbox_core.dialects.base import EnqueueStatements, Listener
 from outbox_core.message import NewEvent, State
+from outbox_core.partitions import partition_of
 
 
 class PgListener:
@@ -52,7 +53,7 @@ class PostgresqlEnqueue(EnqueueStatements):
     ) -> Iterator[tuple[sa.Executable, Any]]:
         """One ``INSERT ... SELECT ... FROM unnest(arrays) WITH ORDINALITY ORDER BY ordinality``.
 
-        Six array parameters whatever the number of events: one statement
+        Seven array parameters whatever the number of events: one statement
         text (prepared once by psycopg), one round trip, rows (and so ids)
         in the order given. A multi-row ``VALUES`` would be a new statement
         text per batch size, which psycopg parses anew (tens of ms per
@@ -67,6 +68,7 @@ class PostgresqlEnqueue(EnqueueStatements):
             "b_event_id": [e.event_id for e in events],
             "b_topic": [e.topic for e in events],
             "b_key": [e.key for e in events],
+            "b_key_partition": [partition_of(e.key, e.event_id) for e in events],
             "b_payload": [e.payload_json for e in events],
             "b_headers": [e.headers_json for e in events],
             "b_delay": [float(e.delay_seconds) for e in events],
@@ -84,9 +86,17 @@ class PostgresqlEnqueue(EnqueueStatements):
             sa.func.unnest(
                 *(array(n, text) for n in ("event_id", "topic", "key", "payload", "headers")),
                 array("delay", sa.Float()),
+                array("key_partition", sa.SmallInteger()),
             )
             .table_valued(
-                "event_id", "topic", "key", "payload", "headers", "delay", with_ordinality="n"
+                "event_id",
+                "topic",
+                "key",
+                "payload",
+                "headers",
+                "delay",
+                "key_partition",
+                with_ordinality="n",
             )
             .render_derived()
         )
@@ -96,6 +106,7 @@ class PostgresqlEnqueue(EnqueueStatements):
             sa.cast(rows.c.event_id, t.c.event_id.type),
             rows.c.topic,
             rows.c.key,
+            rows.c.key_partition,
             sa.cast(rows.c.payload, postgresql.JSONB()),
             sa.cast(rows.c.headers, postgresql.JSONB()),
             sa.literal(int(State.PENDING), sa.SmallInteger()),
@@ -103,7 +114,8 @@ class PostgresqlEnqueue(EnqueueStatements):
             now + delay,
             now,
         ).order_by(rows.c.n)
-        columns = ["event_id", "topic", "key", "payload", "headers", "state", "attempts"]
+        columns = ["event_id", "topic", "key", "key_partition", "payload", "headers"]
+        columns += ["state", "attempts"]
         return sa.insert(t).from_select([*columns, "available_at", "created_at"], picked)
 
     def notify_statement(self) -> sa.Executable | None:

@@ -29,7 +29,7 @@ from outbox_core.doctor.model import (
 )
 from outbox_core.errors import OutboxError, UnsupportedDatabase
 from outbox_core.redaction import mask_url
-from outbox_core.schema import detached_index, obsolete_indexes
+from outbox_core.schema import detached_index, missing_columns, obsolete_indexes
 
 if TYPE_CHECKING:
     from outbox_core.outbox import Outbox
@@ -151,11 +151,37 @@ def _check_tables(ctx: DoctorContext) -> Iterable[Finding]:
                 "until it does (ignore this if no consumer uses the inbox here)",
                 fix=f"{ctx.install_command()}  (creates only what is missing)",
             )
+    if "outbox" in ctx.present:
+        yield from _missing_columns(ctx, inspector)
+    relays = ctx.outbox.tables.relays
+    if not inspector.has_table(relays.name, schema=relays.schema):
+        yield Finding(
+            "tables",
+            Severity.WARNING,
+            f"the relay membership table {relays.fullname} does not exist: ordered "
+            "relays cannot start until it does",
+            fix=f"{ctx.install_command()}  (creates only what is missing)",
+        )
     if "inbox" in ctx.present:
         yield from _inbox_primary_key(ctx, inspector)
     if ctx.present == {"outbox", "inbox"}:
         names = ", ".join(t.fullname for _, t in ctx.tables())
         yield Finding("tables", Severity.OK, f"tables {names} exist")
+
+
+def _missing_columns(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[Finding]:
+    table = ctx.outbox.tables.outbox
+    present = {c["name"].lower() for c in inspector.get_columns(table.name, schema=table.schema)}
+    missing = [c.name for c in missing_columns(table, present)]
+    if missing:
+        yield Finding(
+            "tables",
+            Severity.ERROR,
+            f"the outbox table {table.fullname} lacks the column(s) {', '.join(missing)} "
+            "this version writes: enqueue fails until they are added",
+            fix=f"{ctx.install_command()}  (adds the missing columns; existing rows stay)",
+            details={"missing_columns": missing},
+        )
 
 
 def _inbox_primary_key(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[Finding]:
@@ -219,7 +245,7 @@ def expected_indexes(outbox: Outbox, dialect: sa.Dialect) -> dict[str, str]:
 
     mock = sa.create_mock_engine(sa.engine.URL.create(outbox.url.drivername), record)
     tables = outbox.tables
-    tables.metadata.create_all(mock, tables=[tables.outbox, tables.inbox], checkfirst=False)
+    tables.metadata.create_all(mock, tables=tables.all, checkfirst=False)
     return ddl
 
 

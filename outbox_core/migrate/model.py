@@ -12,6 +12,7 @@ from typing import Any
 from outbox_core.dialects.base import Dialect
 from outbox_core.errors import OutboxError
 from outbox_core.message import State
+from outbox_core.partitions import partition_of
 
 #: States copied by default: pending, leased (copied as pending) and dead.
 MIGRATED_STATES: tuple[State, ...] = (State.PENDING, State.LEASED, State.DEAD)
@@ -272,6 +273,9 @@ class SourceEvent:
             "event_id": self.event_id,
             "topic": self.topic,
             "key": self.key,
+            # Computed, not copied: the same number, also from a source
+            # table an earlier version wrote.
+            "key_partition": partition_of(self.key, self.event_id),
             "payload": self.payload,
             "headers": self.headers,
             "state": int(state),

@@ -43,6 +43,9 @@ class OutboxEvent(models.Model):
     event_id = EventIdField(unique=True)
     topic: models.CharField[Any, Any] = models.CharField(max_length=255)
     key: models.CharField[Any, Any] = models.CharField(max_length=255, null=True, blank=True)
+    key_partition: models.SmallIntegerField[Any, Any] = models.SmallIntegerField(
+        null=True, blank=True
+    )
     payload: models.JSONField[Any, Any] = models.JSONField()
     headers: models.JSONField[Any, Any] = models.JSONField(null=True, blank=True)
     state: models.SmallIntegerField[Any, Any] = models.SmallIntegerField(

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox_core.dialects.base import get_dialect
-from outbox_core.schema import OutboxTables, obsolete_indexes
+from outbox_core.schema import AddColumn, OutboxTables, missing_columns, obsolete_indexes
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,12 @@ def ddl_statements(tables: OutboxTables, dialect_name: str) -> list[_Statement]:
             out.append(_Statement("index", target.table.name, str(target.name), sql))
 
     engine = sa.create_mock_engine(sa.engine.URL.create(dialect_name), record)
-    tables.metadata.create_all(engine, tables=[tables.outbox, tables.inbox], checkfirst=False)
+    tables.metadata.create_all(engine, tables=tables.all, checkfirst=False)
     return out
 
 
 def install(connection: BaseDatabaseWrapper, table: str, run: Any) -> None:
-    """Create what is missing of the tables of ``table``; drop obsolete indexes.
+    """Create the missing tables, columns and indexes of ``table``; drop obsolete indexes.
 
     ``run`` executes one SQL statement (the schema editor's ``execute``).
     """
@@ -64,10 +64,22 @@ def install(connection: BaseDatabaseWrapper, table: str, run: Any) -> None:
     with connection.cursor() as cursor:
         existing = set(connection.introspection.table_names(cursor))
         indexes = {
-            t: set(connection.introspection.get_constraints(cursor, t))
-            for t in (tables.outbox.name, tables.inbox.name)
-            if t in existing
+            t.name: set(connection.introspection.get_constraints(cursor, t.name))
+            for t in tables.all
+            if t.name in existing
         }
+        columns = {
+            t.name: {
+                c.name.lower()
+                for c in connection.introspection.get_table_description(cursor, t.name)
+            }
+            for t in tables.all
+            if t.name in existing
+        }
+    for t in tables.all:
+        if t.name in columns:
+            for column in missing_columns(t, columns[t.name]):
+                run(str(AddColumn(t, column).compile(dialect=_sa(name))))
     for statement in ddl_statements(tables, name):
         if statement.kind == "table" and statement.table in existing:
             continue
@@ -87,7 +99,7 @@ def uninstall(connection: BaseDatabaseWrapper, table: str, run: Any) -> None:
     name = sa_dialect_name(connection)
     with connection.cursor() as cursor:
         existing = set(connection.introspection.table_names(cursor))
-    for t in (tables.inbox, tables.outbox):
+    for t in (tables.relays, tables.inbox, tables.outbox):
         if t.name in existing:
             run(str(sa.schema.DropTable(t).compile(dialect=_sa(name))))
 
