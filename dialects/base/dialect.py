@@ -15,8 +15,9 @@ of, each a class a family subclasses where it differs (:class:`Parts`):
 ``session`` (connections and their server-side limits), ``storage`` (what the
 database can store), ``enqueue`` (the producer's statements and wake-ups),
 ``inbox`` (the idempotent consumer's statements), ``reads`` (named reads for
-status, the doctor and migrate) and ``keys`` (the ordered claim's walk over
-keys). Test provisioning and doctor checks sit beside each family's dialect,
+status, the doctor and migrate), ``keys`` (the ordered claim's walk over
+keys) and ``partitions`` (the membership table and partitioned ordered
+claims). Test provisioning and doctor checks sit beside each family's dialect,
 in its ``provision`` and ``doctor`` modules.
 """
 
@@ -35,6 +36,7 @@ from sqlalchemy.engine import Connection
 from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
 from outbox_core.dialects.base.ordered import KeyWalk
+from outbox_core.dialects.base.partitioned import PartitionStatements
 from outbox_core.dialects.base.reading import TableReads
 from outbox_core.dialects.base.session import SessionSetup
 from outbox_core.dialects.base.storage import StorageRules
@@ -53,6 +55,7 @@ class Parts:
     enqueue: type[EnqueueStatements] = EnqueueStatements
     reads: type[TableReads] = TableReads
     keys: type[KeyWalk] = KeyWalk
+    partitions: type[PartitionStatements] = PartitionStatements
 
 
 class Dialect(ABC):
@@ -90,6 +93,7 @@ class Dialect(ABC):
         self.inbox = parts.inbox(self)
         self.reads = parts.reads(self)
         self.keys = parts.keys(self)
+        self.partitions = parts.partitions(self)
         self._claims: dict[tuple[int, float], sa.Executable] = {}
         self._marks: dict[bool, sa.Executable] = {}
 

@@ -75,6 +75,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import KeyWalk, Parts, ReturningDialect, ServerInfo
 from outbox_core.dialects.mssql.inbox import MssqlInbox
+from outbox_core.dialects.mssql.partitioned import MssqlPartitions
 from outbox_core.dialects.mssql.session import FILTERED_INDEX_OPTIONS, MssqlSession
 from outbox_core.dialects.mssql.storage import MssqlStorage
 from outbox_core.errors import UnsupportedDatabase
@@ -113,7 +114,11 @@ class MssqlDialect(ReturningDialect):
         "its connection dies (the other relays pass them with READPAST)"
     )
     parts: ClassVar[Parts] = Parts(
-        session=MssqlSession, storage=MssqlStorage, inbox=MssqlInbox, keys=MssqlKeyWalk
+        session=MssqlSession,
+        storage=MssqlStorage,
+        inbox=MssqlInbox,
+        keys=MssqlKeyWalk,
+        partitions=MssqlPartitions,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:

@@ -1,0 +1,260 @@
+"""Partitioned ordered claims: the membership table, the owned partitions' reads (a Dialect part).
+
+The statements only; what they mean (who owns what, which rows a claim
+takes) is decided in :mod:`outbox_core.relay.membership` and
+:mod:`outbox_core.relay.owned`.
+
+The fence between a rebalance and claims in flight is a row lock: a claim
+holds a shared lock on its own relay's membership row for its whole
+transaction (:meth:`own_share`), and a rebalance locks every membership row
+exclusively (:meth:`lock_members`), so it waits for claims that read the old
+split, and claims after it read the new one. Heartbeats update a relay's row
+without conflicting with its claims where the database allows it
+(PostgreSQL's ``FOR KEY SHARE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from outbox_core.message import Event, State
+from outbox_core.schema import in_state
+
+if TYPE_CHECKING:
+    from outbox_core.dialects.base.dialect import Dialect
+
+
+@dataclass(frozen=True)
+class Member:
+    """A row of the membership table: a relay, its heartbeat's age and its share."""
+
+    relay_id: str
+    host: str
+    age: float
+    partitions: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """A pending row as an ordered claim sees it: enough to order keys, no payload."""
+
+    id: int
+    key: str | None
+    partition: int | None
+    event_id: str
+    due: bool
+
+
+class PartitionStatements:
+    """The statements of partitioned ordered claims on one database family."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.table = dialect.table
+        self.relays = dialect.tables.relays
+
+    # -- locks: each family's own hints where SQLAlchemy has none ----------------
+
+    def share_lock(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """Lock the selected membership row shared until commit (claims)."""
+        return select.with_for_update(read=True, key_share=True)
+
+    def exclusive_lock(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """Lock the selected membership rows exclusively until commit (rebalances)."""
+        return select.with_for_update()
+
+    # -- membership ------------------------------------------------------------------
+
+    def join(self, conn: Connection, relay_id: str, host: str) -> None:
+        """Register ``relay_id`` (no partitions yet): one row, heartbeat now."""
+        r = self.relays
+        now = self.dialect.now()
+        with self.dialect.transaction(conn):
+            conn.execute(sa.delete(r).where(r.c.relay_id == relay_id))
+            conn.execute(
+                sa.insert(r).values(
+                    relay_id=relay_id,
+                    host=host[:255],
+                    joined_at=now,
+                    heartbeat_at=now,
+                    partitions="",
+                    epoch=0,
+                )
+            )
+
+    def heartbeat(self, conn: Connection, relay_id: str) -> bool:
+        """Write the heartbeat; False when the row is gone (this relay was found stale)."""
+        r = self.relays
+        with self.dialect.transaction(conn):
+            changed = conn.execute(
+                sa.update(r).where(r.c.relay_id == relay_id).values(heartbeat_at=self.dialect.now())
+            ).rowcount
+        return bool(changed)
+
+    def members(self, conn: Connection) -> list[Member]:
+        """Every row of the membership table, oldest relay id first (a plain read)."""
+        with self.dialect.transaction(conn):
+            return self._members(conn, sa.select(*self._member_columns()))
+
+    def _member_columns(self) -> list[sa.ColumnElement[Any]]:
+        r = self.relays
+        # The heartbeat and the database's clock: ages on one clock, whatever
+        # the relays' own clocks say.
+        now = self.dialect.now().label("now")
+        return [r.c.relay_id, r.c.host, r.c.heartbeat_at, now, r.c.partitions, r.c.epoch]
+
+    def _members(self, conn: Connection, query: sa.Select[Any]) -> list[Member]:
+        rows = conn.execute(query.order_by(self.relays.c.relay_id)).all()
+        return [
+            Member(str(a), str(b), _seconds(c, d), str(e or ""), int(f))
+            for a, b, c, d, e, f in rows
+        ]
+
+    def lock_members(self, conn: Connection) -> list[Member]:
+        """Inside a transaction: every membership row, locked exclusively (waits for claims)."""
+        return self._members(conn, self.exclusive_lock(sa.select(*self._member_columns())))
+
+    def remove(self, conn: Connection, relay_ids: Sequence[str]) -> None:
+        """Inside a transaction: delete the rows of ``relay_ids`` (stale, or leaving)."""
+        if relay_ids:
+            conn.execute(sa.delete(self.relays).where(self.relays.c.relay_id.in_(list(relay_ids))))
+
+    def assign(self, conn: Connection, relay_id: str, partitions: str, epoch: int) -> None:
+        """Inside a transaction: give ``relay_id`` its share of the split number ``epoch``."""
+        r = self.relays
+        conn.execute(
+            sa.update(r).where(r.c.relay_id == relay_id).values(partitions=partitions, epoch=epoch)
+        )
+
+    # -- the claim's reads and writes (inside its transaction) -----------------------
+
+    def own_share(self, conn: Connection, relay_id: str) -> tuple[str, int] | None:
+        """Lock this relay's own row shared and read its share; None when it is gone."""
+        r = self.relays
+        row = conn.execute(
+            self.share_lock(sa.select(r.c.partitions, r.c.epoch).where(r.c.relay_id == relay_id))
+        ).first()
+        return None if row is None else (str(row[0] or ""), int(row[1]))
+
+    def _in_partitions(self, partitions: Sequence[int] | None) -> sa.ColumnElement[bool]:
+        t = self.table
+        if partitions is None:
+            return sa.true()
+        # Rows an earlier version wrote have no partition: every relay reads
+        # them and keeps those whose key hashes into its share.
+        return sa.or_(t.c.key_partition.in_(list(partitions)), t.c.key_partition.is_(None))
+
+    def pending_window(
+        self,
+        conn: Connection,
+        partitions: Sequence[int] | None,
+        *,
+        after: int,
+        limit: int,
+        skip_keys: Sequence[str] = (),
+    ) -> list[WindowRow]:
+        """Pending rows of ``partitions`` (None: all) after id ``after``, in id order.
+
+        Plain reads in the pending index's order: the relay that owns the
+        partitions is the only one that leases their pending rows, so no row
+        lock is needed to pick. ``skip_keys``: keys already known blocked.
+        """
+        t = self.table
+        due = sa.case((t.c.available_at <= self.dialect.clock(), 1), else_=0)
+        query = (
+            sa.select(t.c.id, t.c.key, t.c.key_partition, t.c.event_id, due)
+            .where(
+                in_state(t.c.state, State.PENDING),
+                t.c.id > after,
+                self._in_partitions(partitions),
+            )
+            .order_by(t.c.id)
+            .limit(limit)
+        )
+        if skip_keys:
+            query = query.where(sa.or_(t.c.key.is_(None), t.c.key.not_in(list(skip_keys))))
+        rows = conn.execute(query, self.dialect.clock_params()).all()
+        return [
+            WindowRow(int(a), b, None if c is None else int(c), str(d), bool(e))
+            for a, b, c, d, e in rows
+        ]
+
+    def leased_heads(
+        self, conn: Connection, partitions: Sequence[int] | None
+    ) -> list[tuple[int, str, int | None, str]]:
+        """Leased rows with a key in ``partitions``: ``(id, key, partition, event_id)``.
+
+        Few (the batches in flight in the fleet). A key with one is in flight,
+        here or, after a rebalance, at its partition's previous owner.
+        """
+        t = self.table
+        query = sa.select(t.c.id, t.c.key, t.c.key_partition, t.c.event_id).where(
+            in_state(t.c.state, State.LEASED), t.c.key.is_not(None), self._in_partitions(partitions)
+        )
+        return [
+            (int(a), str(b), None if c is None else int(c), str(d))
+            for a, b, c, d in conn.execute(query)
+        ]
+
+    def dead_heads(self, conn: Connection, keys: Sequence[str]) -> dict[str, int]:
+        """The first dead row's id of each of ``keys`` that has one."""
+        if not keys:
+            return {}
+        t = self.table
+        query = (
+            sa.select(t.c.key, sa.func.min(t.c.id))
+            .where(in_state(t.c.state, State.DEAD), t.c.key.in_(list(keys)))
+            .group_by(t.c.key)
+        )
+        return {str(k): int(i) for k, i in conn.execute(query)}
+
+    def lease(
+        self, conn: Connection, ids: Sequence[int], *, lease: float, token: str
+    ) -> list[Event]:
+        """Lease the pending rows among ``ids`` under ``token``; return them in id order."""
+        d = self.dialect
+        t = self.table
+        conn.execute(
+            sa.update(t)
+            .where(d.id_in(ids), in_state(t.c.state, State.PENDING))
+            .values(d.lease_values(lease=lease, token=token))
+        )
+        read = (
+            sa.select(*d.claim_columns(t))
+            .where(d.id_in(ids), in_state(t.c.state, State.LEASED), t.c.lease_owner == token)
+            .order_by(t.c.id)
+        )
+        return [d.to_event(r, token) for r in conn.execute(read)]
+
+    def unlease(self, conn: Connection, ids: Sequence[int], *, token: str) -> None:
+        """Give back rows this claim leased but may not keep (no attempt spent)."""
+        if not ids:
+            return
+        d = self.dialect
+        t = self.table
+        conn.execute(
+            sa.update(t)
+            .where(d.owned(ids, token))
+            .values(
+                state=int(State.PENDING),
+                lease_owner=None,
+                lease_until=None,
+                attempts=t.c.attempts - 1,
+            )
+        )
+
+
+def _seconds(since: datetime, now: datetime) -> float:
+    """``now - since`` in seconds; both UTC, aware or naive as the database returns them."""
+    if since.tzinfo is not None:
+        since = since.astimezone(UTC).replace(tzinfo=None)
+    if now.tzinfo is not None:
+        now = now.astimezone(UTC).replace(tzinfo=None)
+    return (now - since).total_seconds()

@@ -1,0 +1,152 @@
+"""An ordered relay's membership: join, heartbeat, rebalance, leave.
+
+Each relay that claims in partitioned ordered mode has a row in the
+membership table. It writes its heartbeat every ``heartbeat`` seconds; a row
+whose heartbeat is older than ``stale_after`` (on the database's clock) is
+stale. Whenever the live relays' shares differ from the deterministic split
+of the partitions over them (:func:`outbox_core.partitions.split`), or a row
+is stale, any relay rebalances: in one transaction it locks every row (which
+waits for claims in flight, see :mod:`outbox_core.dialects.base.partitioned`),
+deletes the stale rows and writes each live relay's share under a new epoch.
+A relay reads its share inside each claim, so the change is fenced: no claim
+runs on a share the database no longer holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+from sqlalchemy.engine import Connection
+
+from outbox_core.dialects.base import Dialect
+from outbox_core.dialects.base.partitioned import Member
+from outbox_core.partitions import describe, split
+from outbox_core.relay.connections import Connections
+
+log = logging.getLogger("outbox.relay")
+
+
+class Membership:
+    """This relay's row in the membership table, kept alive and in balance."""
+
+    def __init__(
+        self,
+        relay_id: str,
+        dialect: Dialect,
+        connections: Connections,
+        *,
+        heartbeat: float,
+        stale_after: float,
+    ) -> None:
+        self.relay_id = relay_id
+        self.dialect = dialect
+        self.statements = dialect.partitions
+        self.connections = connections
+        self.heartbeat = heartbeat
+        self.stale_after = stale_after
+        #: Rebalances this relay wrote (a metric).
+        self.rebalances = 0
+        #: The share this relay's last claim read (``describe`` form) and its epoch.
+        self.share = ""
+        self.epoch = 0
+        self.joined = False
+        self.leaving = False
+        self._lock = threading.Lock()
+        self._next_beat = 0.0
+
+    @property
+    def host(self) -> str:
+        """Where this relay runs, for ``outbox status``: host and process id."""
+        return f"{socket.gethostname()} pid {os.getpid()}"
+
+    def join(self) -> None:
+        """Register (replacing a row of the same id) and rebalance at once."""
+        self.connections.call("join", self.statements.join, self.relay_id, self.host)
+        self.joined = True
+        self._next_beat = time.monotonic() + self.heartbeat
+        log.info("relay %s joined the ordered relays", self.relay_id)
+        self.rebalance()
+
+    def tick(self) -> None:
+        """Heartbeat when due; rejoin when found stale; rebalance when the split is off."""
+        if self.leaving:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if self.joined and now < self._next_beat:
+                return
+            self._next_beat = now + self.heartbeat
+            if not self.joined:
+                self.join()
+                return
+            alive = self.connections.call("heartbeat", self.statements.heartbeat, self.relay_id)
+            if not alive:
+                log.warning(
+                    "relay %s was removed from the ordered relays (its heartbeat was "
+                    "older than %.0fs); joining again",
+                    self.relay_id,
+                    self.stale_after,
+                )
+                self.join()
+                return
+            members = self.connections.call("members", self.statements.members)
+            if self.unbalanced(members):
+                self.rebalance()
+
+    def unbalanced(self, members: Sequence[Member]) -> bool:
+        """A stale row, or a live relay whose share is not its part of the split."""
+        live = [m for m in members if m.age <= self.stale_after or m.relay_id == self.relay_id]
+        if len(live) != len(members):
+            return True
+        wanted = split(m.relay_id for m in live)
+        return any(m.partitions != describe(wanted[m.relay_id]) for m in live)
+
+    def rebalance(self, *, leaving: bool = False) -> None:
+        """Lock every row, drop stale ones (and this one when ``leaving``), write the split."""
+        changed = self.connections.call("rebalance", self._rebalance, leaving)
+        if changed:
+            self.rebalances += 1
+
+    def _rebalance(self, conn: Connection, leaving: bool) -> bool:
+        with self.dialect.transaction(conn):
+            members = self.statements.lock_members(conn)
+            gone = [
+                m.relay_id
+                for m in members
+                if (leaving and m.relay_id == self.relay_id)
+                or (m.age > self.stale_after and m.relay_id != self.relay_id)
+            ]
+            live = [m for m in members if m.relay_id not in gone]
+            wanted = split(m.relay_id for m in live)
+            moves = [m for m in live if m.partitions != describe(wanted[m.relay_id])]
+            if not gone and not moves:
+                return False
+            epoch = max((m.epoch for m in members), default=0) + 1
+            self.statements.remove(conn, gone)
+            for m in live:
+                self.statements.assign(conn, m.relay_id, describe(wanted[m.relay_id]), epoch)
+        log.info(
+            "relay %s rebalanced the ordered relays (epoch %d): %s%s",
+            self.relay_id,
+            epoch,
+            ", ".join(f"{m.relay_id} {describe(wanted[m.relay_id])}" for m in live) or "none left",
+            f"; removed {', '.join(gone)}" if gone else "",
+        )
+        return True
+
+    def leave(self) -> None:
+        """Hand this relay's partitions to the others now (graceful shutdown)."""
+        if not self.joined or self.leaving:
+            return
+        self.leaving = True
+        try:
+            self.rebalance(leaving=True)
+        except Exception:
+            # The others take the partitions over once this heartbeat is stale.
+            log.exception("relay %s could not leave the ordered relays", self.relay_id)
+        self.joined = False

@@ -1,0 +1,213 @@
+"""Ordered claims inside the partitions a relay owns: keys in order, without head-of-key probes.
+
+A relay that owns a partition is the only one that leases its pending rows
+(:mod:`outbox_core.relay.membership` fences every change of owner), so a
+claim needs no per-row proof that a key's earlier events are done. It reads
+the pending rows of its partitions in id order (no payloads), the leased rows
+of its partitions (a few: the batches in flight, here or at a partition's
+previous owner), and with ``block_on_dead`` the first dead row of the keys it
+met, and decides in memory (:func:`pick`): a key whose earlier event is
+leased, dead or waiting for a retry is skipped, with everything after it;
+otherwise its events are taken in order, up to ``run_length`` per claim. Then
+it leases exactly those rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Connection
+
+from outbox_core.dialects.base import Dialect
+from outbox_core.dialects.base.partitioned import WindowRow
+from outbox_core.message import Event
+from outbox_core.partitions import PARTITIONS, parse, partition_of
+from outbox_core.relay.membership import Membership
+
+#: Pages of the pending window one claim reads at most (each ``2 * limit``
+#: rows): keys whose earlier event is in flight fill pages without yielding.
+MAX_PAGES = 4
+#: Blocked keys a later page leaves out in SQL (beyond this, it reads past them).
+MAX_SKIP_KEYS = 500
+
+
+@dataclass
+class Picked:
+    """What :func:`pick` chose from a window, and what it learnt."""
+
+    ids: list[int] = field(default_factory=list)
+    #: Keys with an earlier event leased, dead, not due, or past their run.
+    blocked: set[str] = field(default_factory=set)
+    taken: dict[str, int] = field(default_factory=dict)
+
+
+def pick(
+    window: Sequence[WindowRow],
+    *,
+    mine: Callable[[WindowRow], bool],
+    leased: Collection[str],
+    dead: Mapping[str, int],
+    limit: int,
+    run_length: int,
+    into: Picked | None = None,
+) -> Picked:
+    """Choose the rows of ``window`` (id order) a claim may lease, at most ``limit`` in all.
+
+    A key is taken from its first pending row on, in order, while nothing
+    earlier of it is unsent: not when one of its rows is ``leased`` (in
+    flight anywhere), not past its first ``dead`` row, not past a pending row
+    that is not due yet (a retry's backoff), and at most ``run_length`` rows
+    per claim. Rows without a key are taken when due. ``into`` carries what
+    an earlier page of the same claim learnt.
+    """
+    out = into if into is not None else Picked()
+    for row in window:
+        if len(out.ids) >= limit:
+            break
+        if not mine(row):
+            continue
+        key = row.key
+        if key is None:
+            if row.due:
+                out.ids.append(row.id)
+            continue
+        if key in out.blocked:
+            continue
+        if key in leased or dead.get(key, row.id + 1) < row.id or not row.due:
+            out.blocked.add(key)
+            continue
+        count = out.taken.get(key, 0)
+        if count >= run_length:
+            out.blocked.add(key)
+            continue
+        out.taken[key] = count + 1
+        out.ids.append(row.id)
+    return out
+
+
+class OwnedClaims:
+    """The partitioned ordered claim of one relay (claims one at a time)."""
+
+    def __init__(self, dialect: Dialect, membership: Membership) -> None:
+        self.dialect = dialect
+        self.statements = dialect.partitions
+        self.membership = membership
+        # The relay runs two claims at once on row-locking databases; here a
+        # second claim would read the first one's rows as still pending.
+        self._lock = threading.Lock()
+        self._parsed: tuple[str, frozenset[int]] = ("", frozenset())
+
+    def owned(self, share: str) -> frozenset[int]:
+        """The partitions of ``share`` (parsed once per share)."""
+        if self._parsed[0] != share:
+            self._parsed = (share, frozenset(parse(share)))
+        return self._parsed[1]
+
+    def claim(
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        lease: float,
+        token: str,
+        run_length: int,
+        block_on_dead: bool,
+    ) -> list[Event]:
+        """Lease up to ``limit`` events of this relay's partitions, keys in order."""
+        self.membership.tick()
+        with self._lock, self.dialect.transaction(conn):
+            share = self.statements.own_share(conn, self.membership.relay_id)
+            if share is None:
+                # Found stale and removed: the next tick joins again.
+                self.membership.joined = False
+                return []
+            self.membership.share, self.membership.epoch = share
+            owned = self.owned(share[0])
+            if not owned:
+                return []
+            # Owning every partition: no filter (and no hashing).
+            partitions = None if len(owned) == PARTITIONS else sorted(owned)
+            picked = self._pick(conn, partitions, owned, limit, run_length, block_on_dead)
+            if not picked:
+                return []
+            events = self.statements.lease(conn, sorted(picked), lease=lease, token=token)
+            if len(events) < len(picked):
+                events = self._keep_prefixes(conn, picked, events, token)
+            return events
+
+    def _pick(
+        self,
+        conn: Connection,
+        partitions: Sequence[int] | None,
+        owned: frozenset[int],
+        limit: int,
+        run_length: int,
+        block_on_dead: bool,
+    ) -> dict[int, str | None]:
+        """The rows to lease: id -> key."""
+        keys: dict[int, str | None] = {}
+
+        def mine(row: WindowRow) -> bool:
+            if partitions is None:
+                return True
+            part = row.partition
+            if part is None:  # written by an earlier version
+                part = partition_of(row.key, row.event_id)
+            return part in owned
+
+        leased = {key for _, key, _, _ in self.statements.leased_heads(conn, partitions)}
+        picked = Picked()
+        dead: dict[str, int] = {}
+        after = 0
+        for _ in range(MAX_PAGES):
+            skip = sorted(picked.blocked) if len(picked.blocked) <= MAX_SKIP_KEYS else []
+            window = self.statements.pending_window(
+                conn, partitions, after=after, limit=2 * limit, skip_keys=skip
+            )
+            if block_on_dead:
+                fresh = {r.key for r in window if r.key is not None and r.key not in dead}
+                found = self.statements.dead_heads(conn, sorted(fresh - leased))
+                dead.update(found)
+            keys.update((r.id, r.key) for r in window)
+            pick(
+                window,
+                mine=mine,
+                leased=leased,
+                dead=dead,
+                limit=limit,
+                run_length=run_length,
+                into=picked,
+            )
+            if len(picked.ids) >= limit or len(window) < 2 * limit:
+                break
+            after = window[-1].id
+        return {i: keys[i] for i in picked.ids}
+
+    def _keep_prefixes(
+        self, conn: Connection, picked: Mapping[int, str | None], events: list[Event], token: str
+    ) -> list[Event]:
+        """Some picked rows were no longer pending: keep each key's events only up to the gap.
+
+        Nobody else leases this relay's pending rows, so this takes an
+        operator's hand (``outbox replay``, a manual update) or an unordered
+        relay on the same table; a key's later event must not go out ahead
+        of the one that was missed. The rest is given back unspent.
+        """
+        by_id = {e.id: e for e in events}
+        broken: set[str] = set()
+        keep: list[Event] = []
+        give_back: list[int] = []
+        for row_id in sorted(picked):
+            key = picked[row_id]
+            event = by_id.get(row_id)
+            if event is None:
+                if key is not None:
+                    broken.add(key)
+            elif key is not None and key in broken:
+                give_back.append(row_id)
+            else:
+                keep.append(event)
+        self.statements.unlease(conn, give_back, token=token)
+        return keep
