@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, convert_fields, from_values, setting
@@ -52,6 +52,18 @@ class Settings:
     run_length: int = 1
     #: In ordered mode, a dead head blocks the rest of its key.
     block_on_dead: bool = True
+    #: How ordered relays keep a key's order. "partitions": each key hashed to
+    #: one of 256 partitions, the live relays sharing them (a membership table,
+    #: heartbeats), each relay ordering its own keys in memory; the fast way.
+    #: "heads": every claim proves in SQL that each key's head has nothing
+    #: unsent before it (no membership; slower, more so with many keys).
+    ordering: Literal["partitions", "heads"] = "partitions"
+    #: Partitioned ordering: each relay writes its heartbeat this often ...
+    heartbeat: float = 2.0
+    #: ... and a relay whose heartbeat is older than this is stale: its
+    #: partitions move to the others. Shorter fails over faster, at more
+    #: heartbeat and rebalance traffic, and with less room for a slow database.
+    stale_after: float = 10.0
     #: PostgreSQL: producers NOTIFY at commit and relays LISTEN (polling stays the fallback).
     notify: bool = True
     #: Delete rows once sent instead of marking them.
@@ -80,6 +92,10 @@ class Settings:
             raise ConfigurationError("max_attempts must be at least 1")
         if self.poll_interval <= 0 or self.max_poll_interval < self.poll_interval:
             raise ConfigurationError("poll_interval must be positive and <= max_poll_interval")
+        if self.heartbeat <= 0 or self.stale_after < 2 * self.heartbeat:
+            raise ConfigurationError(
+                "heartbeat must be positive and stale_after at least twice the heartbeat"
+            )
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (and converted)."""

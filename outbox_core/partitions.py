@@ -29,8 +29,9 @@ def split(members: Iterable[str], partitions: int = PARTITIONS) -> dict[str, tup
     """A deterministic split of the partitions over ``members``: contiguous ranges of even size.
 
     Every relay that computes it from the same membership gets the same
-    answer (members are sorted by id), and a change of one member moves
-    about ``partitions / n`` partitions.
+    answer (members are sorted by id), with no state to agree on beyond the
+    membership itself. A join or a leave can move up to about half of the
+    partitions; a moved partition waits only for its keys in flight.
     """
     ordered = sorted(set(members))
     if not ordered:

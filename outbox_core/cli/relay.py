@@ -36,6 +36,14 @@ from outbox_core.redaction import mask_url
     "--run-length", type=int, help="Ordered: consecutive events of a key per claim [default: 1]."
 )
 @click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
+@click.option(
+    "--ordering",
+    type=click.Choice(["partitions", "heads"]),
+    help="Ordered: key partitions shared by live relays, or head-of-key claims "
+    "[default: partitions].",
+)
+@click.option("--heartbeat", help="Partitions: heartbeat interval, e.g. 2s.")
+@click.option("--stale-after", help="Partitions: a relay silent this long is stale, e.g. 10s.")
 @click.option("--delete-on-send", is_flag=True, default=None)
 @click.option("--cleanup-after", help="Remove sent rows older than this, e.g. 7d (0: never).")
 @click.option("--notify/--no-notify", default=None, help="PostgreSQL LISTEN/NOTIFY wake-ups.")

@@ -107,3 +107,26 @@ def listen(relay: Relay) -> None:
             log.debug("LISTEN connection lost (%s); reconnecting", exc)
         finally:
             listener.close()
+
+
+def heartbeats(relay: Relay) -> None:
+    """Partitioned ordering: heartbeat and rebalance on a thread and connection of their own.
+
+    Apart from claims and maintenance, so a slow claim or reap never makes
+    this relay look stale to the others.
+    """
+    membership = relay.membership
+    assert membership is not None
+    errors = Backoff(membership.heartbeat / 2, membership.heartbeat, jitter=0.2)
+    wait = 0.0
+    while not relay._stop.wait(wait):
+        try:
+            membership.tick()
+            wait = membership.heartbeat / 4
+            errors.reset()
+        except DatabaseError as exc:
+            wait = errors.next()
+            relay.connections.log_failure(exc, "membership: ", wait)
+        except Exception:
+            wait = errors.next()
+            log.exception("membership failed")

@@ -27,12 +27,14 @@ from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult, Event, Outcome
 from outbox_core.redaction import redact
 from outbox_core.relay import settle
-from outbox_core.relay.background import Due, listen, maintain
+from outbox_core.relay.background import Due, heartbeats, listen, maintain
 from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.connections import Connections
 from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.leases import MAX_RENEWED_LEASES, Claim, Leases
+from outbox_core.relay.membership import Membership
 from outbox_core.relay.observers import RelayObserver
+from outbox_core.relay.owned import OwnedClaims
 from outbox_core.relay.pipeline import Pipeline
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
@@ -90,6 +92,21 @@ class Relay:
             observers=self.observers,
         )
         self.leases = Leases(dialect, self.connections, settings.lease)
+        #: Partitioned ordering: this relay's row among the ordered relays, and its claims.
+        self.membership: Membership | None = None
+        self.owned: OwnedClaims | None = None
+        if self.partitioned:
+            # Unique per Relay object, whatever --name says: two relays sharing
+            # a row would share a share.
+            member_id = f"{self.name[:50]}:{uuid.uuid4().hex[:8]}"
+            self.membership = Membership(
+                member_id,
+                dialect,
+                self.connections,
+                heartbeat=settings.heartbeat,
+                stale_after=settings.stale_after,
+            )
+            self.owned = OwnedClaims(dialect, self.membership)
         self.breaker = Breaker(broker, self.observers)
         self.delivery = Delivery(
             broker, ordered=settings.ordered, runs=settings.ordered and settings.run_length > 1
@@ -104,6 +121,11 @@ class Relay:
         self._last_cycle_at = 0.0
 
     # -- state ------------------------------------------------------------------------
+
+    @property
+    def partitioned(self) -> bool:
+        """Ordered by key partitions (the membership table), not by head-of-key claims."""
+        return self.settings.ordered and self.settings.ordering == "partitions"
 
     @property
     def broker_state(self) -> BrokerState:
@@ -171,7 +193,21 @@ class Relay:
         s = self.settings
         token = self.new_token()
         claim = Claim(token, [])
-        if s.ordered and s.run_length > 1:
+        if self.owned is not None:
+            assert self.membership is not None
+            # Joins on the first claim; heartbeats here too when run_once()
+            # drives the relay without run()'s membership thread.
+            self.membership.tick()
+            events = self.connections.call(
+                "claim",
+                self.owned.claim,
+                limit=self.batch_size,
+                lease=s.lease,
+                token=token,
+                run_length=s.run_length,
+                block_on_dead=s.block_on_dead,
+            )
+        elif s.ordered and s.run_length > 1:
             events = self.connections.call(
                 "claim",
                 self.dialect.keys.claim_runs,
@@ -395,6 +431,10 @@ class Relay:
     def _run_threads(self) -> None:
         """The pipeline on this thread, maintenance and LISTEN beside it; join them on exit."""
         side = [(threading.Thread(target=maintain, args=(self,), name="outbox-maintain"), 30.0)]
+        if self.membership is not None:
+            side.append(
+                (threading.Thread(target=heartbeats, args=(self,), name="outbox-members"), 10.0)
+            )
         if self.settings.notify:
             side.append((threading.Thread(target=listen, args=(self,), name="outbox-listen"), 5.0))
         for thread, _ in side:
@@ -412,7 +452,9 @@ class Relay:
                 thread.join(timeout)
 
     def close(self) -> None:
-        """Close the relay's connections and its broker."""
+        """Leave the ordered relays (handing over partitions); close connections and broker."""
+        if self.membership is not None:
+            self.membership.leave()
         self.connections.close_all()
         try:
             self.broker.close()

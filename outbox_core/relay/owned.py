@@ -115,8 +115,10 @@ class OwnedClaims:
         run_length: int,
         block_on_dead: bool,
     ) -> list[Event]:
-        """Lease up to ``limit`` events of this relay's partitions, keys in order."""
-        self.membership.tick()
+        """Lease up to ``limit`` events of this relay's partitions, keys in order.
+
+        The caller ticks the membership first (joining on the first claim).
+        """
         with self._lock, self.dialect.transaction(conn):
             share = self.statements.own_share(conn, self.membership.relay_id)
             if share is None:

@@ -1,0 +1,122 @@
+"""Key partitions: the stable hash, the split over relays, the in-memory pick of ordered claims."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outbox_core.dialects.base.partitioned import WindowRow
+from outbox_core.partitions import PARTITIONS, describe, parse, partition_of, split
+from outbox_core.relay.owned import pick
+
+
+def test_the_partition_of_a_key_is_the_same_everywhere() -> None:
+    # Golden values: CRC-32 of the UTF-8 key, mod 256. A change here moves
+    # every key of every existing table to another partition.
+    assert partition_of("order-1", "ignored") == 239
+    assert partition_of("customer:42", "ignored") == 224
+    assert partition_of("k0", "ignored") == 63
+    assert partition_of("Ünïcode-ключ", "ignored") == 181
+
+
+def test_events_without_a_key_spread_by_event_id() -> None:
+    ids = [str(uuid.uuid4()) for _ in range(2000)]
+    parts = {partition_of(None, i) for i in ids}
+    assert len(parts) > 200  # nearly every partition
+    assert partition_of(None, ids[0]) == partition_of(None, ids[0])
+
+
+@given(st.sets(st.text(min_size=1, max_size=20), min_size=1, max_size=40))
+def test_the_split_covers_every_partition_once_evenly_and_whatever_the_order(
+    members: set[str],
+) -> None:
+    shares = split(members)
+    assert set(shares) == members
+    every = [p for share in shares.values() for p in share]
+    assert sorted(every) == list(range(PARTITIONS))
+    sizes = [len(s) for s in shares.values()]
+    assert max(sizes) - min(sizes) <= 1
+    assert split(reversed(sorted(members))) == shares
+
+
+@given(st.sets(st.integers(0, PARTITIONS - 1)))
+def test_describe_and_parse_round_trip(partitions: set[int]) -> None:
+    text = describe(sorted(partitions))
+    assert set(parse(text)) == partitions
+    assert len(text) < 2000  # the membership table's column
+
+
+def row(i: int, key: str | None, due: bool = True, partition: int | None = 0) -> WindowRow:
+    return WindowRow(i, key, partition, f"e{i}", due)
+
+
+def test_pick_takes_each_free_key_in_order_and_skips_blocked_keys() -> None:
+    window = [
+        row(1, "a"),
+        row(2, "b"),
+        row(3, "a"),
+        row(4, None),
+        row(5, "c", due=False),
+        row(6, "c"),
+        row(7, "d"),
+        row(8, "e"),
+        row(9, None, due=False),
+    ]
+    got = pick(
+        window,
+        mine=lambda r: True,
+        leased={"b"},
+        dead={"d": 0},
+        limit=10,
+        run_length=2,
+    )
+    # a: its run of two; b: in flight; c: its head waits for a retry; d: after a dead row.
+    assert got.ids == [1, 3, 4, 8]
+    assert got.blocked == {"b", "c", "d"}
+
+
+def test_pick_stops_a_key_at_its_run_length_and_the_batch_at_its_limit() -> None:
+    window = [row(i, "a") for i in range(1, 6)] + [row(10 + i, f"k{i}") for i in range(5)]
+    assert pick(window, mine=lambda r: True, leased=(), dead={}, limit=3, run_length=1).ids == [
+        1,
+        10,
+        11,
+    ]
+    got = pick(window, mine=lambda r: True, leased=(), dead={}, limit=100, run_length=3)
+    assert got.ids == [1, 2, 3, 10, 11, 12, 13, 14]
+
+
+def test_pick_leaves_rows_of_other_partitions_alone() -> None:
+    window = [row(1, "a", partition=1), row(2, "b", partition=2), row(3, "a", partition=1)]
+    got = pick(window, mine=lambda r: r.partition == 2, leased=(), dead={}, limit=10, run_length=5)
+    assert got.ids == [2]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", None]), st.booleans()), min_size=0, max_size=40
+    ),
+    st.sets(st.sampled_from(["a", "b", "c"])),
+    st.integers(1, 10),
+    st.integers(1, 4),
+)
+def test_pick_only_ever_takes_a_prefix_of_each_free_key(
+    rows: list[tuple[str | None, bool]], leased: set[str], limit: int, run_length: int
+) -> None:
+    window = [row(i + 1, key, due) for i, (key, due) in enumerate(rows)]
+    got = pick(
+        window, mine=lambda r: True, leased=leased, dead={}, limit=limit, run_length=run_length
+    )
+    assert len(got.ids) <= limit
+    taken = set(got.ids)
+    for key in {"a", "b", "c"}:
+        of_key = [r for r in window if r.key == key]
+        chosen = [r for r in of_key if r.id in taken]
+        if key in leased:
+            assert not chosen
+        # The chosen rows are the key's first rows, all due, at most run_length.
+        assert chosen == of_key[: len(chosen)]
+        assert all(r.due for r in chosen)
+        assert len(chosen) <= run_length
