@@ -9,7 +9,8 @@ rows or stale statistics), in alternating order from round to round:
    rows; claim then fenced mark, none of the toolkit's SQL): what the
    database itself gives at this batch;
 2. relay: ``Relay.run()`` (pipelined) draining the N events to the memory broker;
-3. relay in ordered mode, for each ``--ordered-runs`` run length;
+3. relay in ordered mode, for each ``--ordered-runs`` run length and each
+   ``--orderings`` strategy (key partitions, head-of-key claims);
 4. for diagnosis: the toolkit's own claim and mark_sent statements in a bare
    loop on the outbox table (no broker, no relay bookkeeping).
 
@@ -19,6 +20,8 @@ keys at run length 1: 0.5).
 
     python bench/drain.py --db postgresql+psycopg://postgres@127.0.0.1:5432/test
     python bench/drain.py --db mysql+pymysql://root@127.0.0.1:3306/test
+    python bench/drain.py --events 50000 --ordered-runs 1,10 --orderings partitions,heads
+    python bench/drain.py --events 50000 --keys 10 --ordered-runs 1,10 --no-diagnosis
 """
 
 from __future__ import annotations
@@ -59,7 +62,13 @@ def own_statements(outbox: Outbox, batch: int) -> float:
 
 
 def relay_rate(
-    outbox: Outbox, batch: int, total: int, *, ordered: bool = False, run_length: int = 1
+    outbox: Outbox,
+    batch: int,
+    total: int,
+    *,
+    ordered: bool = False,
+    run_length: int = 1,
+    ordering: str = "partitions",
 ) -> float:
     """Events/s for ``Relay.run()`` draining ``total`` events to the memory broker."""
     relay = outbox.relay(
@@ -69,6 +78,7 @@ def relay_rate(
         cleanup_after=0,
         ordered=ordered,
         run_length=run_length,
+        ordering=ordering,
     )
     return run_until_sent(relay, total)
 
@@ -99,6 +109,11 @@ def main() -> None:
         default="1",
         help="also drain in ordered mode with these run lengths, e.g. 1,10,50 ('' for none)",
     )
+    parser.add_argument(
+        "--orderings",
+        default="partitions",
+        help="ordered strategies to measure: partitions, heads or both ('partitions,heads')",
+    )
     parser.add_argument("--no-diagnosis", action="store_true", help="skip the own-statement loop")
     args = parser.parse_args()
     n, batch = args.events, args.batch
@@ -116,10 +131,13 @@ def main() -> None:
         "ceiling": bare,
         "relay": fresh(lambda o: relay_rate(o, batch, n)),
     }
-    for run_length in (int(x) for x in args.ordered_runs.split(",") if x):
-        runs[f"ordered, run length {run_length}"] = fresh(
-            lambda o, r=run_length: relay_rate(o, batch, n, ordered=True, run_length=r)
-        )
+    for ordering in args.orderings.split(","):
+        for run_length in (int(x) for x in args.ordered_runs.split(",") if x):
+            runs[f"ordered ({ordering}), run length {run_length}"] = fresh(
+                lambda o, r=run_length, m=ordering: relay_rate(
+                    o, batch, n, ordered=True, run_length=r, ordering=m
+                )
+            )
     if not args.no_diagnosis:
         runs["own statements"] = fresh(lambda o: own_statements(o, batch))
 

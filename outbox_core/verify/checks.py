@@ -25,6 +25,7 @@ from outbox_core.verify.harness import (
     run_concurrently,
 )
 from outbox_core.verify.model import Failed, Skip
+from outbox_core.verify.partitions import partition_fence, partition_handover, partitioned_order
 
 #: Seconds a claim may take while another session holds locked rows: far
 #: below any lock-wait timeout, far above a claim's own time.
@@ -334,6 +335,17 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], str | None]]] = [
         ordered_head_of_key_concurrent,
     ),
     ("ordered-runs", "run claims take each key's first events, in order", ordered_runs),
+    (
+        "partition-handover",
+        "a relay gaining a partition waits for its keys in flight at the previous owner",
+        partition_handover,
+    ),
+    ("partition-fence", "a rebalance waits for the claims in flight", partition_fence),
+    (
+        "partitioned-order",
+        "partitioned relays joining and leaving publish each key in order",
+        partitioned_order,
+    ),
     (
         "release-and-reap",
         "released events cost no attempt; expired leases return",

@@ -1,10 +1,13 @@
 """Chaos: relay processes killed with SIGKILL under load, RabbitMQ connections dropped.
 
-Four ``outbox relay --ordered`` processes publish to RabbitMQ while a producer
-commits events over many keys; every other relay started claims runs of up to
-``RUN_LENGTH`` events per key (``--run-length``), the others heads only, so
-both claim paths run against each other. About every second a random relay is killed
-with SIGKILL and started again; once, a third of the way in, RabbitMQ closes
+Four ``outbox relay --ordered`` processes (key partitions, heartbeat 0.5 s,
+stale after 3 s) publish to RabbitMQ while a producer commits events over
+many keys; every other relay started claims runs of up to ``RUN_LENGTH``
+events per key (``--run-length``), the others one event per key at a time.
+About every second a random relay is killed with SIGKILL and started again
+(its partitions move once its heartbeat is stale); a fifth relay joins a
+quarter of the way in, and the oldest leaves with SIGTERM at three fifths
+(exit code 0, its partitions handed over); once, a third of the way in, RabbitMQ closes
 every client connection (``rabbitmqctl close_all_connections``), and halfway
 through the relays' TCP proxy to RabbitMQ is cut for ``OUTBOX_CHAOS_OUTAGE``
 seconds (30) while the producer and the kills go on. A consumer (manual acks,
@@ -111,6 +114,20 @@ class Relays:
         self.procs[index] = self._start()
         self.started_at[index] = time.monotonic()
 
+    def join(self) -> None:
+        """One more relay joins the fleet (and stays)."""
+        self.procs.append(self._start())
+        self.started_at.append(time.monotonic())
+
+    def leave(self) -> tuple[int, float]:
+        """SIGTERM the oldest relay for good: its exit code and how long it took to go."""
+        proc = self.procs.pop(0)
+        self.started_at.pop(0)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        return code, time.monotonic() - began
+
     def stop(self) -> list[int]:
         """SIGTERM every relay; exit codes of those that were up (a relay still
         importing Python when SIGTERM lands dies of it before it can handle it)."""
@@ -168,6 +185,9 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
         OUTBOX_MAX_ATTEMPTS="1000",
         OUTBOX_POLL_INTERVAL="0.05",
         OUTBOX_MAX_POLL_INTERVAL="0.5",
+        # Partitioned ordering: a killed relay's partitions move within seconds.
+        OUTBOX_HEARTBEAT="0.5s",
+        OUTBOX_STALE_AFTER="3s",
     )
     proxy = TcpProxy("127.0.0.1", int(rabbit.url.rsplit(":", 1)[1].split("/")[0]))
     args = [
@@ -205,6 +225,8 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
     producer.start()
 
     kills = 0
+    joined = False
+    left: tuple[int, float] | None = None
     dropped = False
     cut: threading.Timer | None = None
     deadline = time.monotonic() + 600
@@ -217,6 +239,11 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
             if not produced.is_set() or len(arrived) < len(committed) * 0.9:
                 relays.kill_one(rng)
                 kills += 1
+            if not joined and len(committed) > EVENTS // 4:
+                relays.join()  # one more relay joins midway ...
+                joined = True
+            if left is None and len(committed) > 3 * EVENTS // 5:
+                left = relays.leave()  # ... and one leaves with SIGTERM
             if not dropped and len(committed) > EVENTS // 3:
                 dropped = close_all_rabbitmq_connections()
             if cut is None and len(committed) > EVENTS // 2:
@@ -251,8 +278,9 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
     with outbox.engine.connect() as conn:
         states = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
     print(
-        f"\nchaos[{backend}]: events {len(committed)}, keys {KEYS}, relays {RELAYS}, "
-        f"kills {kills}, rabbitmq connections dropped: {dropped}, broker cut for "
+        f"\nchaos[{backend}]: events {len(committed)}, keys {KEYS}, relays {RELAYS} "
+        f"(+1 joined, 1 left with SIGTERM: {left}), kills {kills}, "
+        f"rabbitmq connections dropped: {dropped}, broker cut for "
         f"{OUTAGE:.0f}s: {cut is not None}, consumer reconnects "
         f"{consumer.reconnects}, delivered {len(first)}, duplicates {duplicates}, lost "
         f"{len(lost)}, order violations {len(violations)}, time {elapsed:.1f}s, "
@@ -263,6 +291,7 @@ def test_sigkilled_relays_lose_nothing_and_keep_key_order(
     assert not violations, f"per-key order broken: {violations[:5]}"
     assert first <= committed.keys(), "an event that was never committed arrived"
     assert kills >= 3
+    assert joined and left is not None and left[0] == 0, left
     assert cut is not None, "the broker outage never happened"
     assert states.get(int(State.DEAD), 0) == 0
     assert exit_codes == [0] * len(exit_codes), exit_codes
