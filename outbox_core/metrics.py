@@ -11,22 +11,25 @@
 
 Metrics (Prometheus naming conventions):
 
-=========================================  =========  ==================================
-``outbox_events_published_total``          counter    by ``topic``
-``outbox_publish_failures_total``          counter    by ``reason``: retry, reject, lease_lost
-``outbox_events_dead_total``               counter    by ``topic``
-``outbox_pending_events``                  gauge      read from the table at scrape time
-``outbox_oldest_pending_age_seconds``      gauge      read from the table at scrape time
-``outbox_dead_events``                     gauge      read from the table at scrape time
-``outbox_publish_latency_seconds``         histogram  commit (``created_at``) -> broker ok
-``outbox_claim_duration_seconds``          histogram  one claim transaction
-``outbox_mark_duration_seconds``           histogram  one settle transaction
-``outbox_batch_size``                      histogram  events per claim
-``outbox_broker_up``                       gauge      1 while the broker answers, 0 in an outage
-``outbox_broker_state_since_seconds``      gauge      Unix time of the last up/down change
-``outbox_database_up``                     gauge      1 while the relay reaches the database
-``outbox_events_given_back_total``         counter    unspent: the broker was unavailable
-=========================================  =========  ==================================
+=============================================  =========  ==================================
+``outbox_events_published_total``              counter    by ``topic``
+``outbox_publish_failures_total``              counter    by ``reason``: retry, reject, lease_lost
+``outbox_events_dead_total``                   counter    by ``topic``
+``outbox_pending_events``                      gauge      read from the table at scrape time
+``outbox_oldest_pending_age_seconds``          gauge      read from the table at scrape time
+``outbox_dead_events``                         gauge      read from the table at scrape time
+``outbox_publish_latency_seconds``             histogram  commit (``created_at``) -> broker ok
+``outbox_claim_duration_seconds``              histogram  one claim transaction
+``outbox_mark_duration_seconds``               histogram  one settle transaction
+``outbox_batch_size``                          histogram  events per claim
+``outbox_broker_up``                           gauge      1 while the broker answers, 0 in an outage
+``outbox_broker_state_since_seconds``          gauge      Unix time of the last up/down change
+``outbox_database_up``                         gauge      1 while the relay reaches the database
+``outbox_events_given_back_total``             counter    unspent: the broker was unavailable
+``outbox_partitions_owned``                    gauge      partitioned ordering: this relay's share
+``outbox_partition_changes_total``             counter    times this relay's share changed
+``outbox_partition_oldest_pending_seconds``    gauge      oldest pending event of its partitions
+=============================================  =========  ==================================
 """
 
 from __future__ import annotations
@@ -40,9 +43,14 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.message import CycleResult, Event, Failure, Outcome, OutcomeKind
+from outbox_core.partitions import PARTITIONS, parse
+from outbox_core.redaction import redact
 from outbox_core.relay import BrokerState, DatabaseState, Relay, RelayObserver
+from outbox_core.relay.membership import Membership
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -215,6 +223,42 @@ class BacklogCollector:
         yield GaugeMetricFamily("outbox_dead_events", "Dead events in the table.", dead)
 
 
+class PartitionCollector:
+    """Partitioned ordering: the relay's share, its changes, its oldest pending event."""
+
+    def __init__(self, relay: Relay, membership: Membership) -> None:
+        self.relay = relay
+        self.membership = membership
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the partition gauges (the oldest pending age only when the database answers)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        owned = parse(self.membership.share)
+        yield GaugeMetricFamily(
+            "outbox_partitions_owned", "Key partitions this ordered relay owns.", len(owned)
+        )
+        yield CounterMetricFamily(
+            "outbox_partition_changes",
+            "Times this relay's share of the partitions changed (joins, leaves, stale relays).",
+            self.membership.share_changes,
+        )
+        if not owned:
+            return
+        partitions = None if len(owned) == PARTITIONS else list(owned)
+        try:
+            with self.relay.engine.connect() as conn:
+                age = self.relay.dialect.partitions.oldest_pending(conn, partitions)
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("partition gauges unavailable: %s", redact(str(exc)))
+            return
+        yield GaugeMetricFamily(
+            "outbox_partition_oldest_pending_seconds",
+            "Age of the oldest pending event in this relay's partitions.",
+            age or 0.0,
+        )
+
+
 class MetricsServer:
     """Serves ``/metrics`` and ``/healthz`` for one relay on a background thread."""
 
@@ -225,6 +269,8 @@ class MetricsServer:
         self.outbox = outbox
         relay.observers.append(RelayMetrics(self.registry))
         self.registry.register(BacklogCollector(outbox))
+        if relay.membership is not None:
+            self.registry.register(PartitionCollector(relay, relay.membership))
         self.started = time.time()
         # Healthy while a cycle finished within this many seconds.
         self.stale_after = max(30.0, 3 * relay.settings.max_poll_interval + relay.settings.lease)

@@ -26,6 +26,7 @@ from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.message import JsonDefault
+from outbox_core.partitions import parse
 from outbox_core.ports import async_transaction_port, transaction_port
 from outbox_core.redaction import mask_url
 from outbox_core.relay import Relay
@@ -106,6 +107,20 @@ class DeadTopic:
 
 
 @dataclass(frozen=True)
+class RelayShare:
+    """An ordered relay in the membership table (``outbox status``)."""
+
+    relay_id: str
+    host: str
+    #: Its partitions, as ranges (``0-127``), and how many.
+    partitions: str
+    count: int
+    heartbeat_age: float
+    #: The number of the split it holds.
+    epoch: int
+
+
+@dataclass
 class Status:
     """A snapshot of the outbox table (``outbox status``)."""
 
@@ -119,6 +134,8 @@ class Status:
     last_sent_age: float | None = None
     #: ``outbox status --broker``: ``{"url", "up", "error"}`` from a probe of the broker.
     broker: dict[str, Any] | None = None
+    #: Ordered relays by key partitions: each one's share and heartbeat age.
+    relays: list[RelayShare] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -402,6 +419,12 @@ class Outbox:
             counts = self.dialect.reads.state_counts(conn)
             activity = self.dialect.reads.activity(conn)
             dead_rows = self.dialect.reads.dead_by_topic(conn)
+            relays = self.tables.relays
+            members = (
+                self.dialect.partitions.members(conn)
+                if sa.inspect(conn).has_table(relays.name, schema=relays.schema)
+                else []
+            )
         now, oldest, last_sent = (
             activity.now,
             activity.oldest_pending_created,
@@ -420,6 +443,17 @@ class Outbox:
             created_last_minute=activity.created_last_minute,
             sent_last_minute=activity.sent_last_minute,
             last_sent_age=since_sent,
+            relays=[
+                RelayShare(
+                    m.relay_id,
+                    m.host,
+                    m.partitions or "-",
+                    len(parse(m.partitions)),
+                    max(0.0, m.age),
+                    m.epoch,
+                )
+                for m in members
+            ],
         )
 
     def cleanup(

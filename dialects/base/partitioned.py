@@ -203,6 +203,16 @@ class PartitionStatements:
             for a, b, c, d in conn.execute(query)
         ]
 
+    def oldest_pending(self, conn: Connection, partitions: Sequence[int] | None) -> float | None:
+        """Seconds since the oldest pending event of ``partitions`` was created (None: none)."""
+        t = self.table
+        query = sa.select(sa.func.min(t.c.created_at), self.dialect.now()).where(
+            in_state(t.c.state, State.PENDING), self._in_partitions(partitions)
+        )
+        with self.dialect.transaction(conn):
+            oldest, now = conn.execute(query).one()
+        return None if oldest is None else max(0.0, _seconds(oldest, now))
+
     def dead_heads(self, conn: Connection, keys: Sequence[str]) -> dict[str, int]:
         """The first dead row's id of each of ``keys`` that has one."""
         if not keys:

@@ -40,6 +40,14 @@ def render_status(status: Status) -> str:
     lines.append(f"last sent: {format_age(status.last_sent_age)} ago")
     if status.broker is not None:
         lines.append(broker_line(status.broker))
+    if status.relays:
+        lines.append("")
+        lines.append("ordered relays (key partitions):")
+        for r in status.relays:
+            lines.append(
+                f"  {r.relay_id:<40} {r.count:>3} partitions ({r.partitions}), "
+                f"heartbeat {format_age(r.heartbeat_age)} ago, epoch {r.epoch}, on {r.host}"
+            )
     if status.dead:
         lines.append("")
         lines.append("dead events by topic:")

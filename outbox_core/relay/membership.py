@@ -49,8 +49,10 @@ class Membership:
         self.connections = connections
         self.heartbeat = heartbeat
         self.stale_after = stale_after
-        #: Rebalances this relay wrote (a metric).
+        #: Rebalances this relay wrote.
         self.rebalances = 0
+        #: Times the share this relay's claims read changed (a metric).
+        self.share_changes = 0
         #: The share this relay's last claim read (``describe`` form) and its epoch.
         self.share = ""
         self.epoch = 0
@@ -138,6 +140,15 @@ class Membership:
             f"; removed {', '.join(gone)}" if gone else "",
         )
         return True
+
+    def observe(self, share: str, epoch: int) -> None:
+        """A claim read this share: note a change (a claim's share is the one that counts)."""
+        if share != self.share:
+            self.share_changes += 1
+            log.info(
+                "relay %s now owns partitions %s (epoch %d)", self.relay_id, share or "-", epoch
+            )
+        self.share, self.epoch = share, epoch
 
     def leave(self) -> None:
         """Hand this relay's partitions to the others now (graceful shutdown)."""

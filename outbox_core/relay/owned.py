@@ -125,7 +125,7 @@ class OwnedClaims:
                 # Found stale and removed: the next tick joins again.
                 self.membership.joined = False
                 return []
-            self.membership.share, self.membership.epoch = share
+            self.membership.observe(*share)
             owned = self.owned(share[0])
             if not owned:
                 return []

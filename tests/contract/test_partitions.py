@@ -19,6 +19,7 @@ test can hold one relay's batch in flight while the membership changes:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -34,6 +35,7 @@ from outbox_core.message import CycleResult, Outcome
 from outbox_core.partitions import PARTITIONS, parse, partition_of
 from outbox_core.relay import Relay
 from outbox_core.relay.leases import Claim
+from tests.contract.test_cli import run
 
 HEARTBEAT = 0.2
 STALE_AFTER = 1.5
@@ -248,3 +250,96 @@ def test_rows_without_a_partition_go_to_the_relay_their_key_hashes_to(
                 got.setdefault(e.key, []).append(e.event_id)
             settle_ok(relay, claim)
     assert got == order
+
+
+# -- what operators see: outbox status, the relay's flags, metrics ---------------------------
+
+
+def test_status_lists_the_ordered_relays_and_their_partitions(
+    outbox: Outbox, relays: list[Relay], db_url: str
+) -> None:
+    a, b = new_relay(outbox, relays), new_relay(outbox, relays)
+    a.membership.tick()  # type: ignore[union-attr]
+    b.membership.tick()  # type: ignore[union-attr]
+    status = outbox.status()
+    assert sorted(r.relay_id for r in status.relays) == sorted(
+        [a.membership.relay_id, b.membership.relay_id]  # type: ignore[union-attr]
+    )
+    assert sum(r.count for r in status.relays) == PARTITIONS
+    assert all(r.heartbeat_age < 60 for r in status.relays)
+    shown = run("status", "--db", db_url, "--table", outbox.table.name)
+    assert shown.returncode == 0, shown.stderr
+    assert "ordered relays (key partitions):" in shown.stdout
+    for r in status.relays:
+        assert f"{r.relay_id}" in shown.stdout and f"({r.partitions})" in shown.stdout
+    as_json = json.loads(
+        run("status", "--db", db_url, "--table", outbox.table.name, "--json").stdout
+    )
+    assert {r["relay_id"] for r in as_json["relays"]} == {r.relay_id for r in status.relays}
+
+
+@pytest.mark.parametrize("ordering", ["partitions", "heads"])
+def test_the_relay_flags_run_as_documented(outbox: Outbox, db_url: str, ordering: str) -> None:
+    enqueue(outbox, ["x", "y"], 2)
+    done = run(
+        "relay",
+        "--db",
+        db_url,
+        "--table",
+        outbox.table.name,
+        "--broker",
+        "memory://flags",
+        "--ordered",
+        "--ordering",
+        ordering,
+        "--heartbeat",
+        "1s",
+        "--stale-after",
+        "5s",
+        "--once",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["sent"] == 2  # the heads of x and y
+    # --once leaves the membership table as it found it.
+    assert outbox.status().relays == []
+
+
+def test_heartbeat_and_stale_after_are_checked(outbox: Outbox, db_url: str) -> None:
+    bad = run(
+        "relay",
+        "--db",
+        db_url,
+        "--table",
+        outbox.table.name,
+        "--broker",
+        "memory://",
+        "--ordered",
+        "--heartbeat",
+        "5s",
+        "--stale-after",
+        "6s",
+        "--once",
+    )
+    assert bad.returncode != 0
+    assert "stale_after at least twice the heartbeat" in bad.stderr
+
+
+def test_metrics_show_the_share_its_changes_and_its_oldest_pending_event(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    pytest.importorskip("prometheus_client")
+    from outbox_core.metrics import PartitionCollector
+
+    enqueue(outbox, [f"m{i}" for i in range(30)], 1)
+    a = new_relay(outbox, relays)
+    assert a.membership is not None
+    claim = a._claim()
+    settle_ok(a, claim)
+    b = new_relay(outbox, relays)
+    b.membership.tick()  # type: ignore[union-attr]
+    a._claim()  # reads its new, smaller share
+    enqueue(outbox, ["late"], 1)
+    values = {m.name: m.samples[0].value for m in PartitionCollector(a, a.membership).collect()}
+    assert values["outbox_partitions_owned"] == len(share(a)) < PARTITIONS
+    assert values["outbox_partition_changes"] == 2  # all, then its half
+    assert values["outbox_partition_oldest_pending_seconds"] >= 0.0
