@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -168,8 +168,10 @@ class PartitionStatements:
         """
         t = self.table
         due = sa.case((t.c.available_at <= self.dialect.clock(), 1), else_=0)
+        # The event id only where the partition must be computed from it.
+        event_id = sa.case((t.c.key_partition.is_(None), t.c.event_id), else_=sa.null())
         query = (
-            sa.select(t.c.id, t.c.key, t.c.key_partition, t.c.event_id, due)
+            sa.select(t.c.id, t.c.key, t.c.key_partition, event_id, due)
             .where(
                 in_state(t.c.state, State.PENDING),
                 t.c.id > after,
@@ -186,22 +188,25 @@ class PartitionStatements:
             for a, b, c, d, e in rows
         ]
 
-    def leased_heads(
-        self, conn: Connection, partitions: Sequence[int] | None
-    ) -> list[tuple[int, str, int | None, str]]:
-        """Leased rows with a key in ``partitions``: ``(id, key, partition, event_id)``.
+    def leased_keys(self, conn: Connection, partitions: Sequence[int] | None) -> set[str]:
+        """Keys of ``partitions`` with a leased row: in flight, here or elsewhere.
 
-        Few (the batches in flight in the fleet). A key with one is in flight,
-        here or, after a rebalance, at its partition's previous owner.
+        Few (the batches in flight in the fleet). After a rebalance they
+        include the keys still in flight at a partition's previous owner.
+        Rows without a partition count for every relay: blocking a key that
+        is not this relay's changes nothing.
         """
         t = self.table
-        query = sa.select(t.c.id, t.c.key, t.c.key_partition, t.c.event_id).where(
-            in_state(t.c.state, State.LEASED), t.c.key.is_not(None), self._in_partitions(partitions)
+        query = (
+            sa.select(t.c.key)
+            .where(
+                in_state(t.c.state, State.LEASED),
+                t.c.key.is_not(None),
+                self._in_partitions(partitions),
+            )
+            .distinct()
         )
-        return [
-            (int(a), str(b), None if c is None else int(c), str(d))
-            for a, b, c, d in conn.execute(query)
-        ]
+        return {str(k) for k in conn.execute(query).scalars()}
 
     def oldest_pending(self, conn: Connection, partitions: Sequence[int] | None) -> float | None:
         """Seconds since the oldest pending event of ``partitions`` was created (None: none)."""
@@ -213,17 +218,28 @@ class PartitionStatements:
             oldest, now = conn.execute(query).one()
         return None if oldest is None else max(0.0, _seconds(oldest, now))
 
-    def dead_heads(self, conn: Connection, keys: Sequence[str]) -> dict[str, int]:
-        """The first dead row's id of each of ``keys`` that has one."""
-        if not keys:
-            return {}
+    def dead_heads(self, conn: Connection, partitions: Sequence[int] | None) -> dict[str, int]:
+        """The first dead row's id of each key of ``partitions`` that has one.
+
+        All of them, from the dead rows' own index: dead events are few (an
+        operator replays or deletes them), and one statement without the
+        window's keys costs less than binding a thousand of them.
+        """
         t = self.table
         query = (
             sa.select(t.c.key, sa.func.min(t.c.id))
-            .where(in_state(t.c.state, State.DEAD), t.c.key.in_(list(keys)))
+            .where(
+                in_state(t.c.state, State.DEAD),
+                t.c.key.is_not(None),
+                self._in_partitions(partitions),
+            )
             .group_by(t.c.key)
         )
         return {str(k): int(i) for k, i in conn.execute(query)}
+
+    #: Lease and read back in one ``UPDATE ... RETURNING`` where the driver
+    #: has it (SQL Server's ``OUTPUT`` is off: a trigger on the table breaks it).
+    returning: ClassVar[bool] = True
 
     def lease(
         self, conn: Connection, ids: Sequence[int], *, lease: float, token: str
@@ -231,11 +247,16 @@ class PartitionStatements:
         """Lease the pending rows among ``ids`` under ``token``; return them in id order."""
         d = self.dialect
         t = self.table
-        conn.execute(
+        update = (
             sa.update(t)
             .where(d.id_in(ids), in_state(t.c.state, State.PENDING))
             .values(d.lease_values(lease=lease, token=token))
         )
+        if self.returning and conn.dialect.update_returning:
+            rows = conn.execute(update.returning(*d.claim_columns(t))).all()
+            # RETURNING gives the rows as updated: this attempt is counted already.
+            return sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
+        conn.execute(update)
         read = (
             sa.select(*d.claim_columns(t))
             .where(d.id_in(ids), in_state(t.c.state, State.LEASED), t.c.lease_owner == token)

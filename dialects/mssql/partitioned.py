@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
@@ -17,7 +17,9 @@ EXCLUSIVE_HINT = "WITH (XLOCK, HOLDLOCK, ROWLOCK)"
 
 
 class MssqlPartitions(PartitionStatements):
-    """The membership locks as table hints."""
+    """The membership locks as table hints; leases read back by token (no ``OUTPUT``)."""
+
+    returning: ClassVar[bool] = False
 
     def share_lock(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """``WITH (HOLDLOCK, ROWLOCK, READCOMMITTEDLOCK)`` on the membership table."""

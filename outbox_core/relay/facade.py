@@ -166,9 +166,11 @@ class Relay:
         settles (``bench/drain.py``, py-spy: the loop waited on its one
         settle connection 60% of the time). In ordered mode the two claims
         keep apart as two relays do: a key whose head one holds is skipped
-        by the other. One on SQLite, whose claims take turns anyway.
+        by the other. One on SQLite, whose claims take turns anyway, and in
+        ordered mode by key partitions, whose claims take turns in the relay
+        (a second one would find every key of the first in flight).
         """
-        return 2 if self.dialect.row_locks else 1
+        return 2 if self.dialect.row_locks and not self.partitioned else 1
 
     # -- one cycle: claim, publish, settle ------------------------------------------
 

@@ -26,11 +26,13 @@ from outbox_core.message import Event
 from outbox_core.partitions import PARTITIONS, parse, partition_of
 from outbox_core.relay.membership import Membership
 
-#: Pages of the pending window one claim reads at most (each ``2 * limit``
-#: rows): keys whose earlier event is in flight fill pages without yielding.
+#: Pages of the pending window one claim reads at most: keys whose earlier
+#: event is in flight fill pages without yielding.
 MAX_PAGES = 4
-#: Blocked keys a later page leaves out in SQL (beyond this, it reads past them).
+#: Stuck keys (dead, waiting for a retry) a later page leaves out in SQL, at most.
 MAX_SKIP_KEYS = 500
+#: The smallest page: a claim over a few hot keys reads about what it can take.
+MIN_PAGE = 64
 
 
 @dataclass
@@ -40,6 +42,10 @@ class Picked:
     ids: list[int] = field(default_factory=list)
     #: Keys with an earlier event leased, dead, not due, or past their run.
     blocked: set[str] = field(default_factory=set)
+    #: Of those, the keys held back for long (dead, or waiting for a retry):
+    #: later pages leave them out in SQL, so a deep backlog behind one of
+    #: them does not hide the keys after it.
+    stuck: set[str] = field(default_factory=set)
     taken: dict[str, int] = field(default_factory=dict)
 
 
@@ -75,8 +81,12 @@ def pick(
             continue
         if key in out.blocked:
             continue
-        if key in leased or dead.get(key, row.id + 1) < row.id or not row.due:
+        if key in leased:
             out.blocked.add(key)
+            continue
+        if dead.get(key, row.id + 1) < row.id or not row.due:
+            out.blocked.add(key)
+            out.stuck.add(key)
             continue
         count = out.taken.get(key, 0)
         if count >= run_length:
@@ -98,6 +108,10 @@ class OwnedClaims:
         # second claim would read the first one's rows as still pending.
         self._lock = threading.Lock()
         self._parsed: tuple[str, frozenset[int]] = ("", frozenset())
+        # Rows per page, learnt from the last claim: twice what a page's keys
+        # could yield (a few hot keys yield run_length rows each, however
+        # deep their backlog), at most twice the batch.
+        self._page: int | None = None
 
     def owned(self, share: str) -> frozenset[int]:
         """The partitions of ``share`` (parsed once per share)."""
@@ -159,19 +173,21 @@ class OwnedClaims:
                 part = partition_of(row.key, row.event_id)
             return part in owned
 
-        leased = {key for _, key, _, _ in self.statements.leased_heads(conn, partitions)}
+        leased = self.statements.leased_keys(conn, partitions)
+        dead = self.statements.dead_heads(conn, partitions) if block_on_dead else {}
         picked = Picked()
-        dead: dict[str, int] = {}
         after = 0
-        for _ in range(MAX_PAGES):
-            skip = sorted(picked.blocked) if len(picked.blocked) <= MAX_SKIP_KEYS else []
+        size = min(self._page or 2 * limit, 2 * limit)
+        for page in range(MAX_PAGES):
+            # Keys in flight are not left out: they come back within a batch,
+            # and leaving a hot key out would scan its whole backlog.
+            skip = sorted(picked.stuck)[:MAX_SKIP_KEYS]
             window = self.statements.pending_window(
-                conn, partitions, after=after, limit=2 * limit, skip_keys=skip
+                conn, partitions, after=after, limit=size, skip_keys=skip if page else ()
             )
-            if block_on_dead:
-                fresh = {r.key for r in window if r.key is not None and r.key not in dead}
-                found = self.statements.dead_heads(conn, sorted(fresh - leased))
-                dead.update(found)
+            if not page:
+                distinct = len({r.key if r.key is not None else r.id for r in window})
+                self._page = max(MIN_PAGE, 2 * distinct * run_length)
             keys.update((r.id, r.key) for r in window)
             pick(
                 window,
@@ -182,7 +198,7 @@ class OwnedClaims:
                 run_length=run_length,
                 into=picked,
             )
-            if len(picked.ids) >= limit or len(window) < 2 * limit:
+            if len(picked.ids) >= limit or len(window) < size:
                 break
             after = window[-1].id
         return {i: keys[i] for i in picked.ids}

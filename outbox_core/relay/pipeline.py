@@ -134,7 +134,7 @@ class Pipeline:
         if len(claim.events) >= relay.batch_size and not relay._stop.is_set():
             # A full batch: there is probably more.
             while len(self.prefetched) < relay.claim_depth:
-                self.prefetched.append(self.db.submit(relay._claim))
+                self.prefetched.append(self.db.submit(self._prefetch, self.settling))
         try:
             outcomes = self.deliver(claim.events)
         except (KeyboardInterrupt, SystemExit):
@@ -149,6 +149,17 @@ class Pipeline:
         self.settling = self.settler.submit(relay._settle_quietly, claim, outcomes, result)
         if previous is not None:
             previous.result()  # at most one settle queued behind the running one
+
+    def _prefetch(self, settling: Future[None] | None) -> Claim:
+        """A claim ahead of time; ordered, after the settle in progress.
+
+        That settle frees the keys of the batch before the one being
+        published: an ordered claim that ran before it would find them
+        still in flight, and take half a batch or nothing.
+        """
+        if settling is not None and self.relay.settings.ordered:
+            settling.result()  # _settle_quietly never raises
+        return self.relay._claim()
 
     def _settled(self) -> None:
         if self.settling is not None:

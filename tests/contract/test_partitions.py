@@ -165,8 +165,8 @@ class _NoLeases:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def leased_heads(self, conn: Any, partitions: Any) -> list[Any]:
-        return []
+    def leased_keys(self, conn: Any, partitions: Any) -> set[str]:
+        return set()
 
 
 def test_a_gained_partition_waits_for_the_previous_owners_events_in_flight(

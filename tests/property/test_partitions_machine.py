@@ -40,8 +40,8 @@ class NoHandoverWait:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def leased_heads(self, conn: Any, partitions: Any) -> list[Any]:
-        return []
+    def leased_keys(self, conn: Any, partitions: Any) -> set[str]:
+        return set()
 
 
 def machine_for(outbox: Outbox, *, broken: bool = False) -> type[RuleBasedStateMachine]:
