@@ -9,6 +9,7 @@ Python takes a core-second each) does not count; the overall rate includes it.
 The relays' CPU time shows where the two cores went.
 
     python bench/scaling.py --events 100000 --relays 1,2,4
+    python bench/scaling.py --events 100000 --relays 1,2,4 --ordered
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def cpu_times() -> tuple[float, float] | None:
     return sum(values) - idle, sum(values)
 
 
-def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Round:
+def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int, extra: list[str]) -> Round:
     """Drain ``total`` events with ``relays`` processes, sampling lock waits."""
     t = outbox.table
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'bench'}{os.pathsep}{ROOT}", OUTBOX_NOTIFY="false")
@@ -74,6 +75,7 @@ def drain(url: str, outbox: Outbox, relays: int, total: int, batch: int) -> Roun
         "--db", db.render_as_string(hide_password=False), "--table", t.name,
         "--broker", "python://sink:publish", "--batch-size", str(batch),
         "--poll-interval", "50ms", "--max-poll-interval", "200ms", "--cleanup-after", "0",
+        *extra,
     ]  # fmt: skip
     procs = [
         subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -130,7 +132,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--relays", default="1,2,4")
+    parser.add_argument(
+        "--ordered",
+        action="store_true",
+        help="ordered relays (key partitions): the relays share the partitions",
+    )
     args = parser.parse_args()
+    extra = ["--ordered"] if args.ordered else []
     outbox = Outbox(args.db, table=f"bench_scale_{uuid.uuid4().hex[:8]}")
     outbox.install()
     print(f"database: {outbox.dialect.name}, events: {args.events}, batch: {args.batch}")
@@ -139,7 +147,7 @@ def main() -> None:
             with outbox.engine.begin() as conn:
                 conn.execute(sa.delete(outbox.table))
             bulk_prefill(outbox, args.events)
-            r = drain(args.db, outbox, k, args.events, args.batch)
+            r = drain(args.db, outbox, k, args.events, args.batch, extra)
             # "tuple" / "transactionid" would be one relay waiting on another's
             # rows; "extend" is the table growing (not a relay-vs-relay wait).
             kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(r.waits.items())) or "none"

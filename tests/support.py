@@ -7,6 +7,8 @@ database's SET statements of their own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 from outbox_core.dialects.base import SessionLimits, get_dialect
@@ -33,3 +35,20 @@ def bound_lock_waits(engine: sa.Engine, backend: str, seconds: int) -> None:
         if not info.get("outbox_test_lock_wait"):
             dialect.session.configure(conn, _limits(seconds))
             info["outbox_test_lock_wait"] = True
+
+
+class NoHandoverWait:
+    """A broken partitioned claim: a gained partition's keys in flight elsewhere are not seen.
+
+    Wraps a relay's ``owned.statements``; the partition suites show that
+    their checks catch it.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def leased_keys(self, conn: Any, partitions: Any) -> set[str]:
+        return set()

@@ -36,6 +36,7 @@ from outbox_core.partitions import PARTITIONS, parse, partition_of
 from outbox_core.relay import Relay
 from outbox_core.relay.leases import Claim
 from tests.contract.test_cli import run
+from tests.support import NoHandoverWait
 
 HEARTBEAT = 0.2
 STALE_AFTER = 1.5
@@ -152,21 +153,10 @@ def handover(outbox: Outbox, relays: list[Relay], *, wait_for_leases: bool) -> s
         # The broken strategy: a gained partition is claimed as if nothing of
         # it were in flight elsewhere.
         assert b.owned is not None
-        b.owned.statements = _NoLeases(b.owned.statements)
+        b.owned.statements = NoHandoverWait(b.owned.statements)
     overtaking = keys_of(b._claim()) & keys_of(held)
     settle_ok(a, held)
     return overtaking
-
-
-class _NoLeases:
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def leased_keys(self, conn: Any, partitions: Any) -> set[str]:
-        return set()
 
 
 def test_a_gained_partition_waits_for_the_previous_owners_events_in_flight(
@@ -278,26 +268,19 @@ def test_status_lists_the_ordered_relays_and_their_partitions(
     assert {r["relay_id"] for r in as_json["relays"]} == {r.relay_id for r in status.relays}
 
 
+def ordered_relay_once(outbox: Outbox, db_url: str, *flags: str) -> Any:
+    """``outbox relay --ordered --once`` on the test's table, as the README shows it."""
+    table = outbox.table.name
+    return run(
+        "relay", "--db", db_url, "--table", table, "--broker", "memory://flags",
+        "--ordered", "--stale-after", "5s", *flags, "--once",
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("ordering", ["partitions", "heads"])
 def test_the_relay_flags_run_as_documented(outbox: Outbox, db_url: str, ordering: str) -> None:
     enqueue(outbox, ["x", "y"], 2)
-    done = run(
-        "relay",
-        "--db",
-        db_url,
-        "--table",
-        outbox.table.name,
-        "--broker",
-        "memory://flags",
-        "--ordered",
-        "--ordering",
-        ordering,
-        "--heartbeat",
-        "1s",
-        "--stale-after",
-        "5s",
-        "--once",
-    )
+    done = ordered_relay_once(outbox, db_url, "--ordering", ordering, "--heartbeat", "1s")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["sent"] == 2  # the heads of x and y
     # --once leaves the membership table as it found it.
@@ -305,21 +288,7 @@ def test_the_relay_flags_run_as_documented(outbox: Outbox, db_url: str, ordering
 
 
 def test_heartbeat_and_stale_after_are_checked(outbox: Outbox, db_url: str) -> None:
-    bad = run(
-        "relay",
-        "--db",
-        db_url,
-        "--table",
-        outbox.table.name,
-        "--broker",
-        "memory://",
-        "--ordered",
-        "--heartbeat",
-        "5s",
-        "--stale-after",
-        "6s",
-        "--once",
-    )
+    bad = ordered_relay_once(outbox, db_url, "--heartbeat", "5s", "--stale-after", "6s")
     assert bad.returncode != 0
     assert "stale_after at least twice the heartbeat" in bad.stderr
 

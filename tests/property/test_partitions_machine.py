@@ -13,7 +13,6 @@ partition claimed as if nothing of it were in flight elsewhere) fails.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -26,22 +25,10 @@ from outbox_core import Outbox
 from outbox_core.message import CycleResult, Outcome
 from outbox_core.relay import Relay
 from outbox_core.relay.leases import Claim
+from tests.support import NoHandoverWait
 
 SLOTS = 3
 KEYS = ["a", "b", "c", "d", None]
-
-
-class NoHandoverWait:
-    """The broken strategy: leased rows of a gained partition are not seen."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def leased_keys(self, conn: Any, partitions: Any) -> set[str]:
-        return set()
 
 
 def machine_for(outbox: Outbox, *, broken: bool = False) -> type[RuleBasedStateMachine]:

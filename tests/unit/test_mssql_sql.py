@@ -57,6 +57,12 @@ class _Result:
     def scalars(self) -> Iterator[Any]:
         return iter(r[0] for r in self.rows)
 
+    def first(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows)
+
 
 class Recorder:
     """A connection that records the SQL it is given and answers from a script."""
@@ -260,3 +266,47 @@ def test_doctor_names_the_set_options_that_break_filtered_indexes() -> None:
     # An ODBC session's defaults (ARITHABORT reported OFF, implied ON) are fine.
     [finding], _ = doctor_findings("set_options", [(1, 1, 1, 1, 1, 0)])
     assert finding.severity == "ok"
+
+
+# -- partitioned ordered claims: the membership locks and the owned-partition claim ---------
+
+
+def test_partitioned_claims_lock_the_membership_rows_with_table_hints() -> None:
+    """FOR UPDATE compiles to nothing on SQL Server: the fence needs its hints."""
+    d = make()
+    recorder = Recorder([("0-255", 3)], [])
+    conn: Any = recorder
+    assert d.partitions.own_share(conn, "relay-a") == ("0-255", 3)
+    d.partitions.lock_members(conn)
+    share, lock = recorder.sent
+    assert "FROM outbox_relays WITH (HOLDLOCK, ROWLOCK, READCOMMITTEDLOCK)" in share
+    assert "FROM outbox_relays WITH (XLOCK, HOLDLOCK, ROWLOCK)" in lock
+
+
+def test_the_partitioned_claim_reads_a_window_and_leases_without_output() -> None:
+    d = make()
+    recorder = Recorder(
+        [],  # leased keys
+        [],  # dead keys
+        [(1, "a", 7, None, 1), (2, "a", 7, None, 1), (3, "b", 9, None, 0)],
+        [],  # the read-back by token
+    )
+    conn: Any = recorder
+    parts = d.partitions
+    assert parts.leased_keys(conn, [7, 9]) == set()
+    assert parts.dead_heads(conn, [7, 9]) == {}
+    window = parts.pending_window(conn, [7, 9], after=0, limit=10, skip_keys=["z"])
+    assert [(r.id, r.key, r.due) for r in window] == [
+        (1, "a", True),
+        (2, "a", True),
+        (3, "b", False),
+    ]
+    parts.lease(conn, [1, 2], lease=30, token="t")
+    leased, dead, page, update, read_back = recorder.sent
+    assert "key_partition IN" in leased and "key_partition IS NULL" in leased
+    assert "GROUP BY outbox.[key]" in dead
+    assert page.startswith("SELECT TOP") and "ORDER BY outbox.id" in page
+    assert "NOT IN" in page
+    assert update.startswith("UPDATE outbox SET state=") and "OUTPUT" not in update
+    assert update.endswith("AND outbox.state = 0")
+    assert "lease_owner = :lease_owner_1" in read_back
