@@ -92,9 +92,15 @@ class Settings:
             raise ConfigurationError("max_attempts must be at least 1")
         if self.poll_interval <= 0 or self.max_poll_interval < self.poll_interval:
             raise ConfigurationError("poll_interval must be positive and <= max_poll_interval")
-        if self.heartbeat <= 0 or self.stale_after < 2 * self.heartbeat:
+        # A heartbeat can wait behind a rebalance's locks for up to the relay
+        # connections' lock wait (SessionLimits.for_lease): a live relay must
+        # not look stale for that.
+        lock_wait = min(max(self.lease / 4, 0.5), 5.0)
+        if self.heartbeat <= 0 or self.stale_after < 2 * self.heartbeat + lock_wait:
             raise ConfigurationError(
-                "heartbeat must be positive and stale_after at least twice the heartbeat"
+                f"heartbeat must be positive and stale_after at least twice the heartbeat "
+                f"plus the relay's lock wait ({lock_wait:g}s for a {self.lease:g}s lease): "
+                f"got heartbeat {self.heartbeat:g}s, stale_after {self.stale_after:g}s"
             )
 
     def replace(self, **changes: Any) -> Settings:

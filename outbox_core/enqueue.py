@@ -10,6 +10,7 @@ anything is written, so the caller's transaction stays usable.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 #: The arguments of one event in ``enqueue_many``.
 EVENT_FIELDS = frozenset({"topic", "payload", "key", "headers", "delay"})
+
+
+log = logging.getLogger("outbox")
 
 
 class Producer:
@@ -200,13 +204,24 @@ class Producer:
         if not storage.initialized:
             storage.initialize(conn)
         table = self.dialect.table
-        if not sa.inspect(conn).has_table(table.name, schema=table.schema):
+        inspector = sa.inspect(conn)
+        if not inspector.has_table(table.name, schema=table.schema):
             schema = f" --schema {table.schema}" if table.schema else ""
             raise TableMissing(
                 f"enqueue: table {table.fullname!r} does not exist: create it with "
                 f"`outbox install --db <url> --table {table.name}{schema}` "
                 "(or Outbox.install(), or your migrations)"
             )
+        columns = {c["name"].lower() for c in inspector.get_columns(table.name, table.schema)}
+        if "key_partition" not in columns and self.dialect.enqueue.with_partition:
+            # Deployed before `outbox install` ran: keep working, as before.
+            log.warning(
+                "table %s has no key_partition column (an earlier version created it): "
+                "events are written without their partition, which ordered relays then "
+                "compute; run `outbox install` (or the migration) to add it",
+                table.fullname,
+            )
+            self.dialect.enqueue.without_partition()
 
     def _wake_after_commit(self, port: TransactionPort) -> None:
         """Wake this process's relays when the transaction commits (none: nothing to do)."""

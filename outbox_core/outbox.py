@@ -246,23 +246,33 @@ class Outbox:
 
     # -- setup --------------------------------------------------------------------------
 
-    def check(self, *, ordered: bool = False) -> None:
-        """Verify the server supports the outbox (and ordered claims) and the table exists.
+    def check(self, *, ordered: bool = False, partitioned: bool = False) -> None:
+        """Verify the server supports the outbox (and ordered claims) and the tables exist.
 
-        Raises ``UnsupportedDatabase`` naming the version or setting needed, or
-        :class:`TableMissing` with the ``outbox install`` command that creates it.
+        ``partitioned``: ordered relays by key partitions also need the
+        membership table. Raises ``UnsupportedDatabase`` naming the version
+        or setting needed, or :class:`TableMissing` with the ``outbox
+        install`` command that creates what is missing.
         """
+        needed = [self.table] + ([self.tables.relays] if partitioned else [])
         with translate_errors("check"), self.engine.connect() as conn:
             self.dialect.check(conn)
             if ordered:
                 self.dialect.check_ordered(conn)
-            exists = sa.inspect(conn).has_table(self.table.name, schema=self.table.schema)
-        if not exists:
+            inspector = sa.inspect(conn)
+            missing = [t for t in needed if not inspector.has_table(t.name, schema=t.schema)]
+        if missing:
             url = mask_url(self.url.render_as_string(hide_password=False))
             schema = f" --schema {self.table.schema}" if self.table.schema else ""
+            what = " and ".join(repr(t.fullname) for t in missing)
             raise TableMissing(
-                f"table {self.table.fullname!r} not found on {url}: run "
+                f"table {what} not found on {url}: run "
                 f"`outbox install --db {url} --table {self.table.name}{schema}` first"
+                + (
+                    " (it adds what an earlier version lacks)"
+                    if missing[0] is not self.table
+                    else ""
+                )
             )
 
     def install(self) -> None:

@@ -29,6 +29,15 @@ class EnqueueStatements:
         self.dialect = dialect
         self.table = dialect.table
         self._prepared: dict[tuple[bool, bool], sa.Executable] = {}
+        #: False on a table an earlier version created, until ``outbox install``
+        #: adds ``key_partition``: rows are written without it (NULL), which
+        #: ordered relays read as "compute it from the key".
+        self.with_partition = True
+
+    def without_partition(self) -> None:
+        """Write rows without ``key_partition`` (the table has no such column yet)."""
+        self.with_partition = False
+        self._prepared.clear()
 
     def with_wake_up(self, insert: Insert, *, notify: bool) -> sa.Executable:
         """Fold the wake-up into an enqueue ``INSERT`` where the database has one (PostgreSQL)."""
@@ -62,13 +71,17 @@ class EnqueueStatements:
                 event_id=sa.bindparam("o_event_id", type_=t.c.event_id.type),
                 topic=sa.bindparam("o_topic", type_=t.c.topic.type),
                 key=sa.bindparam("o_key", type_=t.c.key.type),
-                key_partition=sa.bindparam("o_key_partition", type_=t.c.key_partition.type),
                 payload=self.json_bind("o_payload"),
                 headers=self.json_bind("o_headers") if headers else sa.null(),
                 state=int(State.PENDING),
                 attempts=0,
                 available_at=self.dialect.after(delay) if delay else now,
                 created_at=now,
+                **(
+                    {"key_partition": sa.bindparam("o_key_partition", type_=t.c.key_partition.type)}
+                    if self.with_partition
+                    else {}
+                ),
             )
         )
 
@@ -95,11 +108,12 @@ class EnqueueStatements:
             "o_event_id": event.event_id,
             "o_topic": event.topic,
             "o_key": event.key,
-            "o_key_partition": partition_of(event.key, event.event_id),
             "o_payload": event.payload_json if as_text else event.payload,
         }
         if headers:
             params["o_headers"] = event.headers_json if as_text else event.headers
+        if self.with_partition:
+            params["o_key_partition"] = partition_of(event.key, event.event_id)
         params.update(self.dialect.clock_params())
         return stmt, params
 

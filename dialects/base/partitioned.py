@@ -15,6 +15,7 @@ without conflicting with its claims where the database allows it
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -197,14 +198,12 @@ class PartitionStatements:
         is not this relay's changes nothing.
         """
         t = self.table
-        query = (
-            sa.select(t.c.key)
-            .where(
-                in_state(t.c.state, State.LEASED),
-                t.c.key.is_not(None),
-                self._in_partitions(partitions),
-            )
-            .distinct()
+        # Every row, no DISTINCT: under a case- or accent-insensitive
+        # collation DISTINCT would return one spelling of "user-A"/"user-a".
+        query = sa.select(t.c.key).where(
+            in_state(t.c.state, State.LEASED),
+            t.c.key.is_not(None),
+            self._in_partitions(partitions),
         )
         return {str(k) for k in conn.execute(query).scalars()}
 
@@ -218,8 +217,15 @@ class PartitionStatements:
             oldest, now = conn.execute(query).one()
         return None if oldest is None else max(0.0, _seconds(oldest, now))
 
+    #: The server's default collation of ``key`` may be case- and
+    #: accent-insensitive (MySQL, MariaDB, SQL Server): ``GROUP BY key``
+    #: then returns one spelling per group, and the relay compares dead keys
+    #: folded (:func:`fold_key`), holding back every spelling of a group.
+    keys_fold: ClassVar[bool] = False
+
     def dead_heads(self, conn: Connection, partitions: Sequence[int] | None) -> dict[str, int]:
-        """The first dead row's id of each key of ``partitions`` that has one.
+        """The first dead row's id of each key of ``partitions`` that has one (folded keys where
+        :attr:`keys_fold`).
 
         All of them, from the dead rows' own index: dead events are few (an
         operator replays or deletes them), and one statement without the
@@ -235,7 +241,13 @@ class PartitionStatements:
             )
             .group_by(t.c.key)
         )
-        return {str(k): int(i) for k, i in conn.execute(query)}
+        if not self.keys_fold:
+            return {str(k): int(i) for k, i in conn.execute(query)}
+        dead: dict[str, int] = {}
+        for k, i in conn.execute(query):
+            folded = fold_key(str(k))
+            dead[folded] = min(int(i), dead.get(folded, int(i)))
+        return dead
 
     #: Lease and read back in one ``UPDATE ... RETURNING`` where the driver
     #: has it (SQL Server's ``OUTPUT`` is off: a trigger on the table breaks it).
@@ -280,6 +292,12 @@ class PartitionStatements:
                 attempts=t.c.attempts - 1,
             )
         )
+
+
+def fold_key(key: str) -> str:
+    """A key as a case- and accent-insensitive collation compares it (coarser, never finer)."""
+    decomposed = unicodedata.normalize("NFKD", key)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold().rstrip(" ")
 
 
 def _seconds(since: datetime, now: datetime) -> float:

@@ -20,6 +20,7 @@ class MssqlPartitions(PartitionStatements):
     """The membership locks as table hints; leases read back by token (no ``OUTPUT``)."""
 
     returning: ClassVar[bool] = False
+    keys_fold: ClassVar[bool] = True
 
     def share_lock(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """``WITH (HOLDLOCK, ROWLOCK, READCOMMITTEDLOCK)`` on the membership table."""

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Dialect, KeyWalk, Parts, ServerInfo, version_prefix
 from outbox_core.dialects.mysql.inbox import MysqlInbox
+from outbox_core.dialects.mysql.partitioned import MysqlPartitions
 from outbox_core.dialects.mysql.session import MysqlSession, is_mariadb
 from outbox_core.dialects.mysql.storage import MysqlStorage
 from outbox_core.errors import UnsupportedDatabase
@@ -54,7 +55,11 @@ class MysqlDialect(Dialect):
     #: No partial indexes: the work indexes lead with state instead (schema._add_work_indexes).
     partial_indexes: ClassVar[bool] = False
     parts: ClassVar[Parts] = Parts(
-        session=MysqlSession, storage=MysqlStorage, inbox=MysqlInbox, keys=MysqlKeyWalk
+        session=MysqlSession,
+        storage=MysqlStorage,
+        inbox=MysqlInbox,
+        keys=MysqlKeyWalk,
+        partitions=MysqlPartitions,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:

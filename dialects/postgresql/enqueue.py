@@ -43,6 +43,7 @@ class PostgresqlEnqueue(EnqueueStatements):
 
     #: The bulk enqueue statement, built on first use (see many_calls).
     _bulk: sa.Insert | None = None
+    _bulk_partitioned = True
 
     def json_bind(self, name: str) -> sa.ColumnElement[Any]:
         """``CAST(:name AS JSONB)`` of the JSON text: psycopg would serialise the object again."""
@@ -62,8 +63,9 @@ class PostgresqlEnqueue(EnqueueStatements):
         wake_up = self.notify_statement()
         if notify and wake_up is not None:
             yield wake_up, {}
-        if self._bulk is None:
+        if self._bulk is None or self._bulk_partitioned != self.with_partition:
             self._bulk = self._bulk_insert()
+            self._bulk_partitioned = self.with_partition
         params = {
             "b_event_id": [e.event_id for e in events],
             "b_topic": [e.topic for e in events],
@@ -102,11 +104,12 @@ class PostgresqlEnqueue(EnqueueStatements):
         )
         now = self.dialect.now()
         delay = sa.func.make_interval(0, 0, 0, 0, 0, 0, rows.c.delay)
+        partition = [rows.c.key_partition] if self.with_partition else []
         picked = sa.select(
             sa.cast(rows.c.event_id, t.c.event_id.type),
             rows.c.topic,
             rows.c.key,
-            rows.c.key_partition,
+            *partition,
             sa.cast(rows.c.payload, postgresql.JSONB()),
             sa.cast(rows.c.headers, postgresql.JSONB()),
             sa.literal(int(State.PENDING), sa.SmallInteger()),
@@ -114,8 +117,8 @@ class PostgresqlEnqueue(EnqueueStatements):
             now + delay,
             now,
         ).order_by(rows.c.n)
-        columns = ["event_id", "topic", "key", "key_partition", "payload", "headers"]
-        columns += ["state", "attempts"]
+        columns = ["event_id", "topic", "key", *(c.name for c in partition)]
+        columns += ["payload", "headers", "state", "attempts"]
         return sa.insert(t).from_select([*columns, "available_at", "created_at"], picked)
 
     def notify_statement(self) -> sa.Executable | None:

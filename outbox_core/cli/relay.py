@@ -78,7 +78,10 @@ def relay(
     # then the database and the table; run() probes the broker before its first claim.
     relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)
     try:
-        outbox.check(ordered=settings.ordered)
+        outbox.check(
+            ordered=settings.ordered,
+            partitioned=settings.ordered and settings.ordering == "partitions",
+        )
     except BaseException:
         relay.close()
         raise

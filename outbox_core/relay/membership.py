@@ -67,7 +67,9 @@ class Membership:
         return f"{socket.gethostname()} pid {os.getpid()}"
 
     def join(self) -> None:
-        """Register (replacing a row of the same id) and rebalance at once."""
+        """Register (replacing a row of the same id) and rebalance at once; not once leaving."""
+        if self.leaving:
+            return
         self.connections.call("join", self.statements.join, self.relay_id, self.host)
         self.joined = True
         self._next_beat = time.monotonic() + self.heartbeat
@@ -76,9 +78,9 @@ class Membership:
 
     def tick(self) -> None:
         """Heartbeat when due; rejoin when found stale; rebalance when the split is off."""
-        if self.leaving:
-            return
         with self._lock:
+            if self.leaving:
+                return
             now = time.monotonic()
             if self.joined and now < self._next_beat:
                 return
@@ -128,7 +130,9 @@ class Membership:
             moves = [m for m in live if m.partitions != describe(wanted[m.relay_id])]
             if not gone and not moves:
                 return False
-            epoch = max((m.epoch for m in members), default=0) + 1
+            # Never below what this relay saw: the number goes on rising while
+            # any relay that saw it lives, even when every row was removed.
+            epoch = max([self.epoch, *(m.epoch for m in members)]) + 1
             self.statements.remove(conn, gone)
             for m in live:
                 self.statements.assign(conn, m.relay_id, describe(wanted[m.relay_id]), epoch)
@@ -152,12 +156,16 @@ class Membership:
 
     def leave(self) -> None:
         """Hand this relay's partitions to the others now (graceful shutdown)."""
-        if not self.joined or self.leaving:
-            return
-        self.leaving = True
-        try:
-            self.rebalance(leaving=True)
-        except Exception:
-            # The others take the partitions over once this heartbeat is stale.
-            log.exception("relay %s could not leave the ordered relays", self.relay_id)
-        self.joined = False
+        # Under the tick's lock: a heartbeat in progress must not find the row
+        # gone and join again after this.
+        with self._lock:
+            if not self.joined or self.leaving:
+                self.leaving = True
+                return
+            self.leaving = True
+            try:
+                self.rebalance(leaving=True)
+            except Exception:
+                # The others take the partitions over once this heartbeat is stale.
+                log.exception("relay %s could not leave the ordered relays", self.relay_id)
+            self.joined = False

@@ -5,8 +5,8 @@ A relay that owns a partition is the only one that leases its pending rows
 claim needs no per-row proof that a key's earlier events are done. It reads
 the pending rows of its partitions in id order (no payloads), the leased rows
 of its partitions (a few: the batches in flight, here or at a partition's
-previous owner), and with ``block_on_dead`` the first dead row of the keys it
-met, and decides in memory (:func:`pick`): a key whose earlier event is
+previous owner), and with ``block_on_dead`` each dead key's first dead row
+in its partitions, and decides in memory (:func:`pick`): a key whose earlier event is
 leased, dead or waiting for a retry is skipped, with everything after it;
 otherwise its events are taken in order, up to ``run_length`` per claim. Then
 it leases exactly those rows.
@@ -15,13 +15,14 @@ it leases exactly those rows.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Dialect
-from outbox_core.dialects.base.partitioned import WindowRow
+from outbox_core.dialects.base.partitioned import WindowRow, fold_key
 from outbox_core.message import Event
 from outbox_core.partitions import PARTITIONS, parse, partition_of
 from outbox_core.relay.membership import Membership
@@ -33,6 +34,10 @@ MAX_PAGES = 4
 MAX_SKIP_KEYS = 500
 #: The smallest page: a claim over a few hot keys reads about what it can take.
 MIN_PAGE = 64
+#: Longest pause between pages that look past keys in flight when such a page
+#: found nothing: it reads through those keys' backlogs, so not at every
+#: claim; a key behind a hot key's deep backlog waits about this long at most.
+LOOK_PAST_MAX = 1.0
 
 
 @dataclass
@@ -58,6 +63,7 @@ def pick(
     limit: int,
     run_length: int,
     into: Picked | None = None,
+    fold: Callable[[str], str] | None = None,
 ) -> Picked:
     """Choose the rows of ``window`` (id order) a claim may lease, at most ``limit`` in all.
 
@@ -66,7 +72,8 @@ def pick(
     flight anywhere), not past its first ``dead`` row, not past a pending row
     that is not due yet (a retry's backoff), and at most ``run_length`` rows
     per claim. Rows without a key are taken when due. ``into`` carries what
-    an earlier page of the same claim learnt.
+    an earlier page of the same claim learnt. ``fold``: how ``dead``'s keys
+    were folded (a case-insensitive collation's grouping).
     """
     out = into if into is not None else Picked()
     for row in window:
@@ -84,7 +91,7 @@ def pick(
         if key in leased:
             out.blocked.add(key)
             continue
-        if dead.get(key, row.id + 1) < row.id or not row.due:
+        if dead.get(fold(key) if fold else key, row.id + 1) < row.id or not row.due:
             out.blocked.add(key)
             out.stuck.add(key)
             continue
@@ -112,6 +119,8 @@ class OwnedClaims:
         # could yield (a few hot keys yield run_length rows each, however
         # deep their backlog), at most twice the batch.
         self._page: int | None = None
+        self._look_past_at = 0.0
+        self._look_past_wait = 0.0
 
     def owned(self, share: str) -> frozenset[int]:
         """The partitions of ``share`` (parsed once per share)."""
@@ -137,6 +146,8 @@ class OwnedClaims:
             share = self.statements.own_share(conn, self.membership.relay_id)
             if share is None:
                 # Found stale and removed: the next tick joins again.
+                # A plain flag (not under the membership's lock, which a
+                # rebalance waiting for this very claim may hold).
                 self.membership.joined = False
                 return []
             self.membership.observe(*share)
@@ -179,11 +190,16 @@ class OwnedClaims:
         after = 0
         size = min(self._page or 2 * limit, 2 * limit)
         for page in range(MAX_PAGES):
-            # Keys in flight are not left out: they come back within a batch,
-            # and leaving a hot key out would scan its whole backlog.
-            skip = sorted(picked.stuck)[:MAX_SKIP_KEYS]
+            skip: list[str] = []
+            looking_past = False
+            if page:
+                # Stuck keys (dead, retrying) are always left out; keys in
+                # flight or past their run too, unless that found nothing lately.
+                looking_past = time.monotonic() >= self._look_past_at
+                skip = sorted(picked.blocked if looking_past else picked.stuck)[:MAX_SKIP_KEYS]
+            before = len(picked.ids)
             window = self.statements.pending_window(
-                conn, partitions, after=after, limit=size, skip_keys=skip if page else ()
+                conn, partitions, after=after, limit=size, skip_keys=skip
             )
             if not page:
                 distinct = len({r.key if r.key is not None else r.id for r in window})
@@ -197,11 +213,21 @@ class OwnedClaims:
                 limit=limit,
                 run_length=run_length,
                 into=picked,
+                fold=fold_key if self.statements.keys_fold else None,
             )
+            if looking_past:
+                self._looked_past(found=len(picked.ids) > before)
             if len(picked.ids) >= limit or len(window) < size:
                 break
             after = window[-1].id
         return {i: keys[i] for i in picked.ids}
+
+    def _looked_past(self, *, found: bool) -> None:
+        if found:
+            self._look_past_wait = 0.0
+            return
+        self._look_past_wait = min(max(2 * self._look_past_wait, 0.05), LOOK_PAST_MAX)
+        self._look_past_at = time.monotonic() + self._look_past_wait
 
     def _keep_prefixes(
         self, conn: Connection, picked: Mapping[int, str | None], events: list[Event], token: str

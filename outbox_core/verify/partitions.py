@@ -19,9 +19,10 @@ from outbox_core.relay.leases import Claim
 from outbox_core.verify.harness import Context, expect, needs_ordered_claims
 from outbox_core.verify.model import Skip
 
-#: Membership timings of the checks' relays: quick, so joins and leaves show within seconds.
+#: Membership timings of the checks' relays: quick, so joins and leaves show within
+#: seconds; stale_after leaves room for the 5 s lock wait of a 30 s lease.
 HEARTBEAT = 0.2
-STALE_AFTER = 2.0
+STALE_AFTER = 6.0
 
 
 def _relay(ctx: Context, queue: MemoryQueue, **settings: Any) -> Relay:

@@ -40,6 +40,8 @@ from tests.support import NoHandoverWait
 
 HEARTBEAT = 0.2
 STALE_AFTER = 1.5
+#: A short lease keeps the relays' lock wait (and so the least stale_after) short.
+LEASE = 2.0
 
 
 @pytest.fixture
@@ -59,6 +61,7 @@ def new_relay(outbox: Outbox, made: list[Relay], **settings: Any) -> Relay:
         "notify": False,
         "heartbeat": HEARTBEAT,
         "stale_after": STALE_AFTER,
+        "lease": LEASE,
     }
     options.update(settings)
     relay = outbox.relay(MemoryBroker(MemoryQueue(f"parts-{uuid.uuid4().hex[:6]}")), **options)
@@ -178,10 +181,11 @@ def test_without_the_handover_wait_a_key_is_overtaken(outbox: Outbox, relays: li
 def test_a_rebalance_waits_for_a_claim_in_flight(outbox: Outbox, relays: list[Relay]) -> None:
     if not outbox.dialect.row_locks:
         pytest.skip("SQLite: one writer at a time, a rebalance and a claim take turns anyway")
-    a = new_relay(outbox, relays)
+    # A 30 s lease: the rebalance may wait 5 s for a lock (a 2 s lease: 0.5 s).
+    a = new_relay(outbox, relays, lease=30, stale_after=6)
     a.membership.tick()  # type: ignore[union-attr]
     assert a.membership is not None
-    b = new_relay(outbox, relays)
+    b = new_relay(outbox, relays, lease=30, stale_after=6)
     done = threading.Event()
     with outbox.engine.connect() as conn:
         with conn.begin():
@@ -273,7 +277,7 @@ def ordered_relay_once(outbox: Outbox, db_url: str, *flags: str) -> Any:
     table = outbox.table.name
     return run(
         "relay", "--db", db_url, "--table", table, "--broker", "memory://flags",
-        "--ordered", "--stale-after", "5s", *flags, "--once",
+        "--ordered", "--stale-after", "10s", *flags, "--once",
     )  # fmt: skip
 
 
@@ -312,3 +316,74 @@ def test_metrics_show_the_share_its_changes_and_its_oldest_pending_event(
     assert values["outbox_partitions_owned"] == len(share(a)) < PARTITIONS
     assert values["outbox_partition_changes"] == 2  # all, then its half
     assert values["outbox_partition_oldest_pending_seconds"] >= 0.0
+
+
+# -- what the review found ----------------------------------------------------------------
+
+
+def test_a_table_from_the_previous_version_keeps_working_until_install_adds_the_column(
+    outbox: Outbox, relays: list[Relay], db_url: str
+) -> None:
+    t = outbox.table
+    with outbox.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE {t.name} DROP COLUMN key_partition"))
+    outbox.tables.relays.drop(outbox.engine)
+    old = Outbox(db_url, table=t.name)  # a process that starts on the old table
+    try:
+        with old.engine.begin() as conn:
+            ids = [old.enqueue(conn, "up.t", {"n": n}, key="k") for n in range(3)]
+        doctor = run("doctor", "--db", db_url, "--table", t.name)
+        assert "lacks the column(s) key_partition" in doctor.stdout + doctor.stderr
+        refused = ordered_relay_once(outbox, db_url)
+        assert refused.returncode != 0 and "_relays'" in refused.stderr
+        assert "outbox install" in refused.stderr
+        outbox.install()  # adds the column and the membership table
+        with old.engine.begin() as conn:  # still without the column until it restarts
+            ids.append(old.enqueue(conn, "up.t", {"n": 3}, key="k"))
+        with outbox.engine.begin() as conn:
+            ids.append(outbox.enqueue(conn, "up.t", {"n": 4}, key="k"))
+        with outbox.engine.connect() as conn:
+            parts = list(conn.execute(sa.select(t.c.key_partition).order_by(t.c.id)).scalars())
+        assert parts == [None, None, None, None, partition_of("k", "")]
+        a = new_relay(outbox, relays, run_length=10)
+        claim = a._claim()
+        assert [e.event_id for e in claim.events] == ids
+    finally:
+        old.dispose()
+
+
+def test_a_dead_key_holds_back_its_events_whatever_the_collation(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    """Case-insensitive collations group "user-A" and "user-a"; both must stay blocked."""
+    order = enqueue(outbox, ["user-A", "user-a"], 2)
+    t = outbox.table
+    with outbox.engine.begin() as conn:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.event_id.in_([order["user-A"][0], order["user-a"][0]]))
+            .values(state=3)
+        )
+    a = new_relay(outbox, relays)
+    assert a._claim().events == []
+
+
+def test_one_keys_deep_backlog_does_not_hide_the_keys_after_it(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    enqueue(outbox, ["hot"], 2000)
+    later = enqueue(outbox, [f"k{i}" for i in range(50)], 1)
+    a = new_relay(outbox, relays, batch_size=100)
+    first = a._claim()
+    got = {e.key for e in first.events}
+    assert "hot" in got
+    assert got >= set(later), f"only {len(got)} keys in the first claim"
+
+
+def test_stale_after_must_leave_room_for_heartbeats_and_lock_waits() -> None:
+    from outbox_core import Settings
+    from outbox_core.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="lock wait"):
+        Settings(heartbeat=1, stale_after=3, lease=30)  # a 5 s lock wait
+    Settings(heartbeat=1, stale_after=7.5, lease=30)
