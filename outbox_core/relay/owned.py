@@ -188,14 +188,17 @@ class OwnedClaims:
         dead = self.statements.dead_heads(conn, partitions) if block_on_dead else {}
         picked = Picked()
         after = 0
+        crowded = False
         size = min(self._page or 2 * limit, 2 * limit)
         for page in range(MAX_PAGES):
             skip: list[str] = []
             looking_past = False
             if page:
                 # Stuck keys (dead, retrying) are always left out; keys in
-                # flight or past their run too, unless that found nothing lately.
-                looking_past = time.monotonic() >= self._look_past_at
+                # flight or past their run too where a few keys' backlogs
+                # fill the pages (not where every row is another key: their
+                # next rows are everywhere), unless that found nothing lately.
+                looking_past = crowded and time.monotonic() >= self._look_past_at
                 skip = sorted(picked.blocked if looking_past else picked.stuck)[:MAX_SKIP_KEYS]
             before = len(picked.ids)
             window = self.statements.pending_window(
@@ -204,6 +207,7 @@ class OwnedClaims:
             if not page:
                 distinct = len({r.key if r.key is not None else r.id for r in window})
                 self._page = max(MIN_PAGE, 2 * distinct * run_length)
+                crowded = 2 * distinct <= len(window)
             keys.update((r.id, r.key) for r in window)
             pick(
                 window,
