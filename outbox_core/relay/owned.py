@@ -188,16 +188,17 @@ class OwnedClaims:
         dead = self.statements.dead_heads(conn, partitions) if block_on_dead else {}
         picked = Picked()
         after = 0
-        crowded = False
+        crowded = repeats = False
+        seen: set[str | None] = set()
         size = min(self._page or 2 * limit, 2 * limit)
         for page in range(MAX_PAGES):
             skip: list[str] = []
             looking_past = False
             if page:
                 # Stuck keys (dead, retrying) are always left out; keys in
-                # flight or past their run too where a few keys' backlogs
-                # fill the pages (not where every row is another key: their
-                # next rows are everywhere), unless that found nothing lately.
+                # flight or past their run too where a few keys' backlogs fill
+                # the page (where many keys do, looking past them scans the
+                # whole backlog for little), unless that found nothing lately.
                 looking_past = crowded and time.monotonic() >= self._look_past_at
                 skip = sorted(picked.blocked if looking_past else picked.stuck)[:MAX_SKIP_KEYS]
             before = len(picked.ids)
@@ -207,7 +208,11 @@ class OwnedClaims:
             if not page:
                 distinct = len({r.key if r.key is not None else r.id for r in window})
                 self._page = max(MIN_PAGE, 2 * distinct * run_length)
-                crowded = 2 * distinct <= len(window)
+                # A few keys, too few to fill a quarter of the batch.
+                crowded = len(window) >= size and 4 * distinct <= limit
+                repeats = 2 * distinct <= len(window)
+            fresh = any(r.id not in keys and r.key not in seen for r in window)
+            seen.update(r.key for r in window)
             keys.update((r.id, r.key) for r in window)
             pick(
                 window,
@@ -222,6 +227,10 @@ class OwnedClaims:
             if looking_past:
                 self._looked_past(found=len(picked.ids) > before)
             if len(picked.ids) >= limit or len(window) < size:
+                break
+            if (page and not fresh) or (not page and repeats and not crowded):
+                # Only keys already met, or a page of keys that come round
+                # again and again: the next page would hold more of the same.
                 break
             after = window[-1].id
         return {i: keys[i] for i in picked.ids}
