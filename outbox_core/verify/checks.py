@@ -25,7 +25,7 @@ from outbox_core.verify.harness import (
     run_concurrently,
 )
 from outbox_core.verify.model import Failed, Skip
-from outbox_core.verify.partitions import partition_fence, partition_handover, partitioned_order
+from outbox_core.verify.partitions import quietly
 
 #: Seconds a claim may take while another session holds locked rows: far
 #: below any lock-wait timeout, far above a claim's own time.
@@ -338,13 +338,13 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], str | None]]] = [
     (
         "partition-handover",
         "a relay gaining a partition waits for its keys in flight at the previous owner",
-        partition_handover,
+        quietly("handover"),
     ),
-    ("partition-fence", "a rebalance waits for the claims in flight", partition_fence),
+    ("partition-fence", "a rebalance waits for the claims in flight", quietly("fence")),
     (
         "partitioned-order",
         "partitioned relays joining and leaving publish each key in order",
-        partitioned_order,
+        quietly("order"),
     ),
     (
         "release-and-reap",
