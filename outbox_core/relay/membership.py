@@ -104,11 +104,23 @@ class Membership:
 
     def unbalanced(self, members: Sequence[Member]) -> bool:
         """A stale row, or a live relay whose share is not its part of the split."""
-        live = [m for m in members if m.age <= self.stale_after or m.relay_id == self.relay_id]
-        if len(live) != len(members):
-            return True
-        wanted = split(m.relay_id for m in live)
-        return any(m.partitions != describe(wanted[m.relay_id]) for m in live)
+        gone, live, wanted = self._plan(members, leaving=False)
+        return bool(gone) or any(m.partitions != wanted[m.relay_id] for m in live)
+
+    def _plan(
+        self, members: Sequence[Member], *, leaving: bool
+    ) -> tuple[list[str], list[Member], dict[str, str]]:
+        """The rows to remove (stale, or this one when ``leaving``), the live rows, and each
+        live relay's part of the split (``describe`` form)."""
+        gone = [
+            m.relay_id
+            for m in members
+            if (leaving and m.relay_id == self.relay_id)
+            or (m.age > self.stale_after and m.relay_id != self.relay_id)
+        ]
+        live = [m for m in members if m.relay_id not in gone]
+        wanted = {k: describe(v) for k, v in split(m.relay_id for m in live).items()}
+        return gone, live, wanted
 
     def rebalance(self, *, leaving: bool = False) -> None:
         """Lock every row, drop stale ones (and this one when ``leaving``), write the split."""
@@ -119,28 +131,20 @@ class Membership:
     def _rebalance(self, conn: Connection, leaving: bool) -> bool:
         with self.dialect.transaction(conn):
             members = self.statements.lock_members(conn)
-            gone = [
-                m.relay_id
-                for m in members
-                if (leaving and m.relay_id == self.relay_id)
-                or (m.age > self.stale_after and m.relay_id != self.relay_id)
-            ]
-            live = [m for m in members if m.relay_id not in gone]
-            wanted = split(m.relay_id for m in live)
-            moves = [m for m in live if m.partitions != describe(wanted[m.relay_id])]
-            if not gone and not moves:
+            gone, live, wanted = self._plan(members, leaving=leaving)
+            if not gone and all(m.partitions == wanted[m.relay_id] for m in live):
                 return False
             # Never below what this relay saw: the number goes on rising while
             # any relay that saw it lives, even when every row was removed.
             epoch = max([self.epoch, *(m.epoch for m in members)]) + 1
             self.statements.remove(conn, gone)
             for m in live:
-                self.statements.assign(conn, m.relay_id, describe(wanted[m.relay_id]), epoch)
+                self.statements.assign(conn, m.relay_id, wanted[m.relay_id], epoch)
         log.info(
             "relay %s rebalanced the ordered relays (epoch %d): %s%s",
             self.relay_id,
             epoch,
-            ", ".join(f"{m.relay_id} {describe(wanted[m.relay_id])}" for m in live) or "none left",
+            ", ".join(f"{m.relay_id} {wanted[m.relay_id]}" for m in live) or "none left",
             f"; removed {', '.join(gone)}" if gone else "",
         )
         return True
