@@ -6,7 +6,7 @@ many keys; every other relay started claims runs of up to ``RUN_LENGTH``
 events per key (``--run-length``), the others one event per key at a time.
 About every second a random relay is killed with SIGKILL and started again
 (its partitions move once its heartbeat is stale); a fifth relay joins a
-quarter of the way in, and the oldest leaves with SIGTERM at three fifths
+quarter of the way in, and the one up longest leaves with SIGTERM at three fifths
 (exit code 0, its partitions handed over); once, a third of the way in, RabbitMQ closes
 every client connection (``rabbitmqctl close_all_connections``), and halfway
 through the relays' TCP proxy to RabbitMQ is cut for ``OUTBOX_CHAOS_OUTAGE``
@@ -120,9 +120,15 @@ class Relays:
         self.started_at.append(time.monotonic())
 
     def leave(self) -> tuple[int, float]:
-        """SIGTERM the oldest relay for good: its exit code and how long it took to go."""
-        proc = self.procs.pop(0)
-        self.started_at.pop(0)
+        """SIGTERM the relay up longest for good: its exit code and how long it took to go.
+
+        The first slot may hold a relay just restarted after a kill; one still
+        importing Python dies of SIGTERM before it can hand anything over.
+        """
+        index = min(range(len(self.procs)), key=lambda i: self.started_at[i])
+        time.sleep(max(0.0, 3.0 - (time.monotonic() - self.started_at[index])))
+        proc = self.procs.pop(index)
+        self.started_at.pop(index)
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
