@@ -69,3 +69,27 @@ def parse(text: str | None) -> tuple[int, ...]:
         low, _, high = part.partition("-")
         out.extend(range(int(low), int(high or low) + 1))
     return tuple(out)
+
+
+def progressions(partitions: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Sorted ``partitions`` as arithmetic runs ``(first, last, step)``, fewest first-come.
+
+    A relay's share is a few ranges and a lane of it every other partition
+    of those ranges: a filter of a few ``BETWEEN``/modulo terms instead of a
+    hundred bound values (whose statement text the driver parses anew).
+    """
+    runs: list[tuple[int, int, int]] = []
+    items = sorted(set(partitions))
+    i = 0
+    while i < len(items):
+        first = items[i]
+        if i + 1 == len(items):
+            runs.append((first, first, 1))
+            break
+        step = items[i + 1] - first
+        j = i + 1
+        while j + 1 < len(items) and items[j + 1] - items[j] == step:
+            j += 1
+        runs.append((first, items[j], step))
+        i = j + 1
+    return runs

@@ -50,5 +50,5 @@ class NoHandoverWait:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def leased_keys(self, conn: Any, partitions: Any) -> set[str]:
-        return set()
+    def leased_keys(self, conn: Any, partitions: Any, **kwargs: Any) -> list[tuple[int, str]]:
+        return []

@@ -106,7 +106,9 @@ class Relay:
                 heartbeat=settings.heartbeat,
                 stale_after=settings.stale_after,
             )
-            self.owned = OwnedClaims(dialect, self.membership)
+            self.owned = OwnedClaims(dialect, self.membership, lanes=self.claim_depth)
+            # A settled (or given back) batch frees its lane's keys.
+            self.leases.on_forget.append(self.owned.settled)
         self.breaker = Breaker(broker, self.observers)
         self.delivery = Delivery(
             broker, ordered=settings.ordered, runs=settings.ordered and settings.run_length > 1
@@ -165,12 +167,12 @@ class Relay:
         kept the database waiting on Python between claims; likewise two
         settles (``bench/drain.py``, py-spy: the loop waited on its one
         settle connection 60% of the time). In ordered mode the two claims
-        keep apart as two relays do: a key whose head one holds is skipped
-        by the other. One on SQLite, whose claims take turns anyway, and in
-        ordered mode by key partitions, whose claims take turns in the relay
-        (a second one would find every key of the first in flight).
+        keep apart as two relays do: by heads, a key whose head one holds is
+        skipped by the other; by key partitions, each claims its own lane of
+        the relay's partitions (:class:`~outbox_core.relay.owned.Lanes`).
+        One on SQLite, whose claims take turns anyway.
         """
-        return 2 if self.dialect.row_locks and not self.partitioned else 1
+        return 2 if self.dialect.row_locks else 1
 
     # -- one cycle: claim, publish, settle ------------------------------------------
 
@@ -200,7 +202,7 @@ class Relay:
             # Joins on the first claim; heartbeats here too when run_once()
             # drives the relay without run()'s membership thread.
             self.membership.tick()
-            events = self.connections.call(
+            events, claim.more = self.connections.call(
                 "claim",
                 self.owned.claim,
                 limit=self.batch_size,
@@ -230,6 +232,7 @@ class Relay:
                 block_on_dead=s.block_on_dead,
             )
         claim.events = events
+        claim.more = claim.more or len(events) >= self.batch_size
         if events:
             self.leases.track(claim)
         for observer in self.observers:
@@ -246,6 +249,16 @@ class Relay:
             raise
         self.breaker.note(outcomes)
         return outcomes
+
+    def _published(self, claim: Claim, outcomes: Sequence[Outcome | None]) -> None:
+        """The broker answered for ``claim``: ordered by key partitions, its keys go on now."""
+        if self.owned is not None:
+            ok = [
+                e.id
+                for e, o in zip(claim.events, outcomes, strict=True)
+                if o is not None and o.is_ok
+            ]
+            self.owned.published(claim.token, ok, whole=len(ok) == len(claim.events))
 
     def _settle(
         self, claim: Claim, outcomes: Sequence[Outcome | None], result: CycleResult

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outbox_core.dialects.base import Dialect
@@ -40,6 +41,9 @@ class Claim:
     renewed_at: float = 0.0
     #: Events dropped before publishing because their lease was lost.
     lost: int = 0
+    #: The claim left pending events behind (a full batch, or an ordered claim
+    #: that stopped at keys in flight): claim again without polling.
+    more: bool = False
 
     def __post_init__(self) -> None:
         self.renewed_at = self.renewed_at or self.claimed_at
@@ -54,6 +58,8 @@ class Leases:
         self.lease = lease
         self._inflight: dict[str, Claim] = {}
         self._lock = threading.Lock()
+        #: Called with the token of each batch forgotten (settled or given back).
+        self.on_forget: list[Callable[[str], None]] = []
 
     def track(self, claim: Claim) -> None:
         """``claim`` is in flight: renew its lease until it is forgotten."""
@@ -64,6 +70,8 @@ class Leases:
         """The batch of ``token`` is settled or released: stop renewing its lease."""
         with self._lock:
             self._inflight.pop(token, None)
+        for listener in self.on_forget:
+            listener(token)
 
     def renew(self, claim: Claim, *, drop_lost: bool) -> None:
         """Renew ``claim``'s lease; with ``drop_lost``, keep only the events still held.

@@ -59,6 +59,8 @@ class Membership:
         self.joined = False
         self.leaving = False
         self._lock = threading.Lock()
+        # Claims in two lanes observe their share at once.
+        self._observed = threading.Lock()
         self._next_beat = 0.0
 
     @property
@@ -151,12 +153,16 @@ class Membership:
 
     def observe(self, share: str, epoch: int) -> None:
         """A claim read this share: note a change (a claim's share is the one that counts)."""
-        if share != self.share:
-            self.share_changes += 1
-            log.info(
-                "relay %s now owns partitions %s (epoch %d)", self.relay_id, share or "-", epoch
-            )
-        self.share, self.epoch = share, epoch
+        with self._observed:
+            if share != self.share:
+                self.share_changes += 1
+                log.info(
+                    "relay %s now owns partitions %s (epoch %d)",
+                    self.relay_id,
+                    share or "-",
+                    epoch,
+                )
+            self.share, self.epoch = share, epoch
 
     def leave(self) -> None:
         """Hand this relay's partitions to the others now (graceful shutdown)."""

@@ -6,17 +6,25 @@ claim needs no per-row proof that a key's earlier events are done. It reads
 the pending rows of its partitions in id order (no payloads), the leased rows
 of its partitions (a few: the batches in flight, here or at a partition's
 previous owner), and with ``block_on_dead`` each dead key's first dead row
-in its partitions, and decides in memory (:func:`pick`): a key whose earlier event is
-leased, dead or waiting for a retry is skipped, with everything after it;
-otherwise its events are taken in order, up to ``run_length`` per claim. Then
-it leases exactly those rows.
+in its partitions, and decides in memory (:func:`pick`): a key whose
+earlier event is leased (and not yet confirmed by the broker), dead or
+waiting for a retry is skipped, with everything after it; otherwise its
+events are taken in order, up to ``run_length`` per claim. Then it leases
+exactly those rows.
+
+A relay splits its partitions into lanes (:class:`Lanes`, one per claim it
+keeps in flight): two claims run side by side on disjoint partitions, as two
+relays would, and a claim prefers a lane whose last batch the broker has
+answered, whose keys are free again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
@@ -38,6 +46,9 @@ MIN_PAGE = 64
 #: found nothing: it reads through those keys' backlogs, so not at every
 #: claim; a key behind a hot key's deep backlog waits about this long at most.
 LOOK_PAST_MAX = 1.0
+#: Longest wait of a claim for a lane whose batch is settled: past it, it
+#: shares a lane still in flight (its keys are skipped, the rest is taken).
+LANE_WAIT = 1.0
 
 
 @dataclass
@@ -104,16 +115,81 @@ def pick(
     return out
 
 
-class OwnedClaims:
-    """The partitioned ordered claim of one relay (claims one at a time)."""
+class Lanes:
+    """Disjoint shares of a relay's partitions (partition mod lanes), one claim at a time in each.
 
-    def __init__(self, dialect: Dialect, membership: Membership) -> None:
+    Two claims in one lane at once would be unsafe: the second could read
+    the first one's rows as still pending, or a key's later row as its first.
+    So each lane has a lock held to the claim's commit. Which lane a claim
+    takes is only a matter of speed: a lane whose last batch is not yet
+    published has its keys blocked, so a claim waits (briefly) for one
+    whose batch the broker answered (:meth:`done`). A claim whose lane
+    yields little reads the other free lanes too (a quiet table).
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.locks = [threading.Lock() for _ in range(count)]
+        self._cond = threading.Condition()
+        # Lanes with nothing in flight, the longest free first.
+        self._free: deque[int] = deque(range(count))
+        # Token -> lanes of each batch in flight (oldest first).
+        self._held: dict[str, list[int]] = {}
+
+    def take(self) -> int:
+        """A lane with nothing in flight (waiting up to :data:`LANE_WAIT`), else the longest
+        in flight."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._free), timeout=LANE_WAIT)
+            if self._free:
+                return self._free.popleft()
+            return next((lanes[0] for lanes in self._held.values()), 0)
+
+    def take_free(self) -> int | None:
+        """A lane with nothing in flight now, if there is one (no waiting)."""
+        with self._cond:
+            return self._free.popleft() if self._free else None
+
+    def hold(self, lanes: Sequence[int], token: str | None) -> None:
+        """The claim in ``lanes`` ended: its batch (``token``) is in flight, or it took nothing."""
+        with self._cond:
+            if token is not None:
+                self._held.setdefault(token, []).extend(lanes)
+            else:
+                for lane in lanes:
+                    self._free_up(lane)
+
+    def done(self, token: str) -> None:
+        """The batch of ``token`` is published or given back: its lanes' keys are free again."""
+        with self._cond:
+            for lane in self._held.pop(token, ()):
+                self._free_up(lane)
+
+    def _free_up(self, lane: int) -> None:
+        if lane not in self._free and not any(lane in held for held in self._held.values()):
+            self._free.append(lane)
+            self._cond.notify()
+
+    def share(self, owned: frozenset[int], lane: int) -> frozenset[int]:
+        """The partitions of ``owned`` in ``lane``."""
+        if self.count == 1:
+            return owned
+        return frozenset(p for p in owned if p % self.count == lane)
+
+
+class OwnedClaims:
+    """The partitioned ordered claims of one relay, one at a time in each lane."""
+
+    def __init__(self, dialect: Dialect, membership: Membership, *, lanes: int = 1) -> None:
         self.dialect = dialect
         self.statements = dialect.partitions
         self.membership = membership
-        # The relay runs two claims at once on row-locking databases; here a
-        # second claim would read the first one's rows as still pending.
-        self._lock = threading.Lock()
+        self.lanes = Lanes(lanes)
+        # Rows of this relay's batches the broker took, not settled yet (token
+        # -> ids): their keys may go on at once; the settle only records it.
+        self._published: dict[str, frozenset[int]] = {}
+        self._whole: set[str] = set()
+        self._published_lock = threading.Lock()
         self._parsed: tuple[str, frozenset[int]] = ("", frozenset())
         # Rows per page, learnt from the last claim: twice what a page's keys
         # could yield (a few hot keys yield run_length rows each, however
@@ -128,6 +204,35 @@ class OwnedClaims:
             self._parsed = (share, frozenset(parse(share)))
         return self._parsed[1]
 
+    def published(self, token: str, ids: Collection[int], *, whole: bool) -> None:
+        """The broker took these events of ``token``'s batch: their keys are free before the settle.
+
+        The next event of such a key may be published while the settle
+        still runs: it comes after one the broker confirmed. (Should the
+        settle fail, the confirmed event is published again when its lease
+        runs out: a duplicate, as at-least-once allows, never a first
+        delivery out of order.) The batch's lane is free too. ``whole``:
+        the broker took every event of the batch.
+        """
+        if ids:
+            with self._published_lock:
+                self._published[token] = frozenset(ids)
+                if whole:
+                    self._whole.add(token)
+        self.lanes.done(token)
+
+    def settled(self, token: str) -> None:
+        """The batch of ``token`` is settled or given back."""
+        with self._published_lock:
+            self._published.pop(token, None)
+            self._whole.discard(token)
+        self.lanes.done(token)
+
+    def published_ids(self) -> tuple[set[int], list[str]]:
+        """Rows published and not settled yet (a few batches), and the tokens of whole batches."""
+        with self._published_lock:
+            return set().union(*self._published.values()), sorted(self._whole)
+
     def claim(
         self,
         conn: Connection,
@@ -137,32 +242,83 @@ class OwnedClaims:
         token: str,
         run_length: int,
         block_on_dead: bool,
-    ) -> list[Event]:
+    ) -> tuple[list[Event], bool]:
         """Lease up to ``limit`` events of this relay's partitions, keys in order.
 
-        The caller ticks the membership first (joining on the first claim).
+        Also returns whether pending events were left behind (keys in
+        flight, past their run, or past the rows read): the relay claims
+        again at once rather than polling. The caller ticks the membership
+        first (joining on the first claim), and reports the batch
+        :meth:`published` and :meth:`settled`.
         """
-        with self._lock, self.dialect.transaction(conn):
-            share = self.statements.own_share(conn, self.membership.relay_id)
-            if share is None:
-                # Found stale and removed: the next tick joins again.
-                # A plain flag (not under the membership's lock, which a
-                # rebalance waiting for this very claim may hold).
-                self.membership.joined = False
-                return []
-            self.membership.observe(*share)
-            owned = self.owned(share[0])
-            if not owned:
-                return []
-            # Owning every partition: no filter (and no hashing).
-            partitions = None if len(owned) == PARTITIONS else sorted(owned)
-            picked = self._pick(conn, partitions, owned, limit, run_length, block_on_dead)
-            if not picked:
-                return []
-            events = self.statements.lease(conn, sorted(picked), lease=lease, token=token)
-            if len(events) < len(picked):
-                events = self._keep_prefixes(conn, picked, events, token)
-            return events
+        lanes = [self.lanes.take()]
+        events: list[Event] = []
+        more = False
+        try:
+            with ExitStack() as locks:
+                locks.enter_context(self.lanes.locks[lanes[0]])
+                with self.dialect.transaction(conn):
+                    owned = self._own_share(conn)
+                    while owned is not None:
+                        got, left = self._claim_lane(
+                            conn, owned, lanes[-1], limit - len(events), lease, token,
+                            run_length, block_on_dead,
+                        )  # fmt: skip
+                        events += got
+                        more = more or left
+                        # A lane that yields little (a quiet table): read another
+                        # free lane too, or its events wait for the next poll.
+                        # Its lock is held to the commit, like the first one's.
+                        other = self.lanes.take_free() if 2 * len(events) < limit else None
+                        if other is None:
+                            break
+                        lanes.append(other)
+                        locks.enter_context(self.lanes.locks[other])
+        finally:
+            self.lanes.hold(lanes, token if events else None)
+        if len(lanes) > 1:
+            events.sort(key=lambda e: e.id)
+        # A busy lane filled half the batch; the other lanes were not read:
+        # claim again at once (the next claim takes another lane).
+        return events, more or (bool(events) and len(lanes) < self.lanes.count)
+
+    def _own_share(self, conn: Connection) -> frozenset[int] | None:
+        """This relay's partitions, read under a share lock (None: no longer a member)."""
+        share = self.statements.own_share(conn, self.membership.relay_id)
+        if share is None:
+            # Found stale and removed: the next tick joins again.
+            # A plain flag (not under the membership's lock, which a
+            # rebalance waiting for this very claim may hold).
+            self.membership.joined = False
+            return None
+        self.membership.observe(*share)
+        return self.owned(share[0])
+
+    def _claim_lane(
+        self,
+        conn: Connection,
+        owned_all: frozenset[int],
+        lane: int,
+        limit: int,
+        lease: float,
+        token: str,
+        run_length: int,
+        block_on_dead: bool,
+    ) -> tuple[list[Event], bool]:
+        # The share cannot change while this claim runs (a rebalance waits for
+        # the row lock own_share took), so concurrent lanes stay disjoint.
+        owned = self.lanes.share(owned_all, lane)
+        if not owned:
+            return [], False
+        # Owning every partition: no filter (and no hashing).
+        partitions = None if len(owned) == PARTITIONS else sorted(owned)
+        picked, more = self._pick(conn, partitions, owned, limit, run_length, block_on_dead)
+        if not picked:
+            return [], more
+        events = self.statements.lease(conn, sorted(picked), lease=lease, token=token)
+        if len(events) < len(picked):
+            events = self._keep_prefixes(conn, picked, events, token)
+        return events, more
 
     def _pick(
         self,
@@ -172,8 +328,8 @@ class OwnedClaims:
         limit: int,
         run_length: int,
         block_on_dead: bool,
-    ) -> dict[int, str | None]:
-        """The rows to lease: id -> key."""
+    ) -> tuple[dict[int, str | None], bool]:
+        """The rows to lease (id -> key), and whether pending rows were left behind."""
         keys: dict[int, str | None] = {}
 
         def mine(row: WindowRow) -> bool:
@@ -181,16 +337,22 @@ class OwnedClaims:
                 return True
             part = row.partition
             if part is None:  # written by an earlier version
-                part = partition_of(row.key, row.event_id)
+                part = partition_of(row.key, row.event_id or "")
             return part in owned
 
-        leased = self.statements.leased_keys(conn, partitions)
+        published, whole = self.published_ids()
+        leased = {
+            k
+            for i, k in self.statements.leased_keys(conn, partitions, but=whole)
+            if i not in published
+        }
         dead = self.statements.dead_heads(conn, partitions) if block_on_dead else {}
         picked = Picked()
         after = 0
         crowded = repeats = False
         seen: set[str | None] = set()
         size = min(self._page or 2 * limit, 2 * limit)
+        more = False
         for page in range(MAX_PAGES):
             skip: list[str] = []
             looking_past = False
@@ -226,14 +388,15 @@ class OwnedClaims:
             )
             if looking_past:
                 self._looked_past(found=len(picked.ids) > before)
-            if len(picked.ids) >= limit or len(window) < size:
+            more = len(window) >= size
+            if len(picked.ids) >= limit or not more:
                 break
             if (page and not fresh) or (not page and repeats and not crowded):
                 # Only keys already met, or a page of keys that come round
                 # again and again: the next page would hold more of the same.
                 break
             after = window[-1].id
-        return {i: keys[i] for i in picked.ids}
+        return {i: keys[i] for i in picked.ids}, more or len(keys) > len(picked.ids)
 
     def _looked_past(self, *, found: bool) -> None:
         if found:

@@ -1,12 +1,13 @@
 """The loop of ``Relay.run()``: prefetched claims, overlapping settles, adaptive polling.
 
-After a full batch the next claims (up to :attr:`Relay.claim_depth`) are
-submitted before publishing, so claiming batches N+1 (and N+2) and settling
-batch N-1 overlap with publishing batch N, each on its own connection. At
-most one settle waits behind the running one; in ordered mode a claim first
-waits for the last settle, so it sees the heads that settle freed. While the
-broker is down nothing is claimed (prefetched batches are given back) and the
-broker is probed with backoff.
+After a full batch (or an ordered claim that left keys behind) the next
+claims (up to :attr:`Relay.claim_depth`) are submitted before publishing, so
+claiming batches N+1 (and N+2) and settling batch N-1 overlap with
+publishing batch N, each on its own connection. At most one settle waits
+behind the running one; in ordered mode a claim first waits for the last
+settle (by key partitions, for its lane's last batch), so it sees the keys
+that settle freed. While the broker is down nothing is claimed (prefetched
+batches are given back) and the broker is probed with backoff.
 """
 
 from __future__ import annotations
@@ -129,10 +130,10 @@ class Pipeline:
         relay._wake.clear()
 
     def _publish(self, claim: Claim, result: CycleResult) -> None:
-        """Prefetch after a full batch, publish this one, hand it to the settle thread."""
+        """Prefetch when more is pending, publish this batch, hand it to the settle thread."""
         relay = self.relay
-        if len(claim.events) >= relay.batch_size and not relay._stop.is_set():
-            # A full batch: there is probably more.
+        if claim.more and not relay._stop.is_set():
+            # A full batch, or keys held back: there is more.
             while len(self.prefetched) < relay.claim_depth:
                 self.prefetched.append(self.db.submit(self._prefetch, self.settling))
         try:
@@ -143,6 +144,7 @@ class Pipeline:
             self.give_back()
             raise
         relay.breaker.note(outcomes)
+        relay._published(claim, outcomes)
         # Submit before waiting on the previous settle: an interrupt while
         # waiting still leaves this batch queued (the executor drains it).
         previous = self.settling
@@ -151,13 +153,14 @@ class Pipeline:
             previous.result()  # at most one settle queued behind the running one
 
     def _prefetch(self, settling: Future[None] | None) -> Claim:
-        """A claim ahead of time; ordered, after the settle in progress.
+        """A claim ahead of time; ordered by heads, after the settle in progress.
 
         That settle frees the keys of the batch before the one being
         published: an ordered claim that ran before it would find them
-        still in flight, and take half a batch or nothing.
+        still in flight, and take half a batch or nothing. (Ordered by key
+        partitions, a claim waits for its own lane's batch instead.)
         """
-        if settling is not None and self.relay.settings.ordered:
+        if settling is not None and self.relay.settings.ordered and self.relay.owned is None:
             settling.result()  # _settle_quietly never raises
         return self.relay._claim()
 

@@ -75,8 +75,10 @@ def partition_handover(ctx: Context) -> str:
     keys = [f"h{i}" for i in range(ctx.size(16, 64, 256))]
     ctx.enqueue(*((k, {"n": 0}) for k in keys), *((k, {"n": 1}) for k in keys))
     queue = MemoryQueue(f"verify-{uuid.uuid4().hex[:6]}")
-    a = _relay(ctx, queue, batch_size=len(keys))
-    b = _relay(ctx, queue, batch_size=len(keys))
+    # A batch well above the keys: one claim reads every lane of a relay's
+    # partitions (a lane that yields half a batch or more is read alone).
+    a = _relay(ctx, queue, batch_size=4 * len(keys))
+    b = _relay(ctx, queue, batch_size=4 * len(keys))
     try:
         held = a._claim()  # every key's first event, in flight at a
         expect(_keys(held) == set(keys), f"the first claim took {len(held.events)} heads")

@@ -795,8 +795,8 @@ def test_serialised_writers_of_one_key_are_published_in_id_order(outbox: Outbox)
 def test_run_drains_every_event_once_with_claims_in_flight(
     outbox: Outbox, ordered: bool, ordering: str
 ) -> None:
-    """Two claims in flight (row locks; one on SQLite, one ordered by partitions): all sent
-    once, each key in order."""
+    """Two claims in flight (row locks; one on SQLite; ordered by partitions, one per lane):
+    all sent once, each key in order."""
     queue = MemoryQueue(f"run-{outbox.table.name}")
     with outbox.engine.begin() as conn:
         outbox.enqueue_many(
@@ -810,9 +810,7 @@ def test_run_drains_every_event_once_with_claims_in_flight(
         reap_interval=0,
         cleanup_after=0,
     )
-    # A partitioned relay's claims take turns (each would find the other's keys in flight).
-    overlap = outbox.dialect.row_locks and not relay.partitioned
-    assert relay.claim_depth == (2 if overlap else 1)
+    assert relay.claim_depth == (2 if outbox.dialect.row_locks else 1)
     sent = 0
 
     def count(result: Any) -> None:

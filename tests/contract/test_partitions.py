@@ -14,7 +14,9 @@ test can hold one relay's batch in flight while the membership changes:
 - a relay whose heartbeat stops is found stale, its partitions move, and it
   joins again when it wakes, claiming only from its new share;
 - rows an earlier version wrote, without a partition, go to the relay
-  their key hashes to.
+  their key hashes to;
+- a key goes on once the broker took its event, before the settle, but not
+  after a retry; claims in flight side by side each take their own lane.
 """
 
 from __future__ import annotations
@@ -378,6 +380,40 @@ def test_one_keys_deep_backlog_does_not_hide_the_keys_after_it(
     got = {e.key for e in first.events}
     assert "hot" in got
     assert got >= set(later), f"only {len(got)} keys in the first claim"
+
+
+def test_a_key_goes_on_once_the_broker_took_its_event_not_when_it_asked_for_a_retry(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    order = enqueue(outbox, ["took", "retry"], 2)
+    a = new_relay(outbox, relays)
+    first = a._claim()
+    assert sorted(e.event_id for e in first.events) == sorted([order["took"][0], order["retry"][0]])
+    outcomes = [Outcome.ok() if e.key == "took" else Outcome.retry("no") for e in first.events]
+    a._published(first, outcomes)
+    # Not settled yet: the broker has "took"'s first event, so its second may
+    # go; "retry"'s second waits for its first.
+    second = a._claim()
+    assert [e.event_id for e in second.events] == [order["took"][1]]
+    a._settle(first, outcomes, CycleResult())
+    settle_ok(a, second)
+
+
+def test_claims_in_flight_side_by_side_take_one_lane_each(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    enqueue(outbox, [f"lane-{i}" for i in range(400)], 2)
+    a = new_relay(outbox, relays, batch_size=100)
+    assert a.owned is not None
+    lanes = a.owned.lanes.count
+    # Two on the databases with row locks (two claims in flight), one on SQLite.
+    assert lanes == a.claim_depth
+    claims = [a._claim() for _ in range(lanes)]  # none published yet
+    used = [{partition_of(e.key, e.event_id) % lanes for e in c.events} for c in claims]
+    assert all(len(c.events) == 100 for c in claims)
+    assert all(len(u) == 1 for u in used) and set().union(*used) == set(range(lanes))
+    for claim in claims:
+        settle_ok(a, claim)
 
 
 def test_stale_after_must_leave_room_for_heartbeats_and_lock_waits() -> None:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox_core.dialects.base.partitioned import WindowRow
-from outbox_core.partitions import PARTITIONS, describe, parse, partition_of, split
+from outbox_core.partitions import PARTITIONS, describe, parse, partition_of, progressions, split
 from outbox_core.relay.owned import pick
 
 
@@ -120,3 +120,19 @@ def test_pick_only_ever_takes_a_prefix_of_each_free_key(
         assert chosen == of_key[: len(chosen)]
         assert all(r.due for r in chosen)
         assert len(chosen) <= run_length
+
+
+def test_progressions_spell_a_share_and_its_lanes_as_a_few_runs() -> None:
+    assert progressions(range(64, 128)) == [(64, 127, 1)]
+    assert progressions(range(0, 128, 2)) == [(0, 126, 2)]
+    assert progressions([*range(1, 32, 2), *range(129, 160, 2)]) == [(1, 31, 2), (129, 159, 2)]
+    assert progressions([5]) == [(5, 5, 1)]
+    assert progressions([]) == []
+
+
+@given(st.sets(st.integers(0, PARTITIONS - 1)))
+def test_progressions_cover_exactly_the_partitions(parts: set[int]) -> None:
+    covered = {
+        p for first, last, step in progressions(sorted(parts)) for p in range(first, last + 1, step)
+    }
+    assert covered == parts
