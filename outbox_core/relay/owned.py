@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
@@ -63,6 +61,8 @@ class Picked:
     #: them does not hide the keys after it.
     stuck: set[str] = field(default_factory=set)
     taken: dict[str, int] = field(default_factory=dict)
+    #: Rows left for soon: their key is in flight or past its run (not stuck).
+    waiting: int = 0
 
 
 def pick(
@@ -98,9 +98,11 @@ def pick(
                 out.ids.append(row.id)
             continue
         if key in out.blocked:
+            out.waiting += key not in out.stuck
             continue
         if key in leased:
             out.blocked.add(key)
+            out.waiting += 1
             continue
         if dead.get(fold(key) if fold else key, row.id + 1) < row.id or not row.due:
             out.blocked.add(key)
@@ -109,6 +111,7 @@ def pick(
         count = out.taken.get(key, 0)
         if count >= run_length:
             out.blocked.add(key)
+            out.waiting += 1
             continue
         out.taken[key] = count + 1
         out.ids.append(row.id)
@@ -120,61 +123,84 @@ class Lanes:
 
     Two claims in one lane at once would be unsafe: the second could read
     the first one's rows as still pending, or a key's later row as its first.
-    So each lane has a lock held to the claim's commit. Which lane a claim
-    takes is only a matter of speed: a lane whose last batch is not yet
-    published has its keys blocked, so a claim waits (briefly) for one
-    whose batch the broker answered (:meth:`done`). A claim whose lane
-    yields little reads the other free lanes too (a quiet table).
+    So a lane is *claiming* from :meth:`take` until the claim's transaction
+    has ended (:meth:`hold`), and no other claim takes it meanwhile. Among
+    the other lanes a claim prefers one whose last batch the broker has
+    answered (:meth:`done`): a lane whose batch is still being published has
+    its keys blocked. It waits up to :data:`LANE_WAIT` for one, then takes
+    the lane in flight longest.
     """
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.locks = [threading.Lock() for _ in range(count)]
         self._cond = threading.Condition()
-        # Lanes with nothing in flight, the longest free first.
-        self._free: deque[int] = deque(range(count))
+        self._claiming: set[int] = set()
         # Token -> lanes of each batch in flight (oldest first).
         self._held: dict[str, list[int]] = {}
+        # When each lane was last freed: the longest free is taken first.
+        self._freed_at = dict.fromkeys(range(count), 0.0)
+
+    def _free(self) -> list[int]:
+        busy = self._claiming.union(*self._held.values())
+        return sorted(
+            (n for n in range(self.count) if n not in busy), key=lambda n: self._freed_at[n]
+        )
 
     def take(self) -> int:
-        """A lane with nothing in flight (waiting up to :data:`LANE_WAIT`), else the longest
-        in flight."""
+        """A lane to claim in: one with nothing in flight (waiting up to :data:`LANE_WAIT`),
+        else the one in flight longest, else the first that another claim leaves."""
         with self._cond:
-            self._cond.wait_for(lambda: bool(self._free), timeout=LANE_WAIT)
-            if self._free:
-                return self._free.popleft()
-            return next((lanes[0] for lanes in self._held.values()), 0)
+            self._cond.wait_for(lambda: bool(self._free()), timeout=LANE_WAIT)
+            free = self._free()
+            if free:
+                lane = free[0]
+            else:
+                self._cond.wait_for(lambda: len(self._claiming) < self.count)
+                idle = [n for n in range(self.count) if n not in self._claiming]
+                held = [n for lanes in self._held.values() for n in lanes if n in idle]
+                lane = held[0] if held else idle[0]
+            self._claiming.add(lane)
+            return lane
 
-    def take_free(self) -> int | None:
-        """A lane with nothing in flight now, if there is one (no waiting)."""
+    def take_all_free(self) -> list[int]:
+        """The lanes with nothing in flight and no claim in them now (no waiting)."""
         with self._cond:
-            return self._free.popleft() if self._free else None
+            free = self._free()
+            self._claiming.update(free)
+            return free
 
     def hold(self, lanes: Sequence[int], token: str | None) -> None:
-        """The claim in ``lanes`` ended: its batch (``token``) is in flight, or it took nothing."""
+        """The claim in ``lanes`` has ended: its batch (``token``) is in flight, or it leased
+        nothing (``None``: it took nothing, or it failed and rolled back)."""
         with self._cond:
+            self._claiming.difference_update(lanes)
             if token is not None:
                 self._held.setdefault(token, []).extend(lanes)
             else:
-                for lane in lanes:
-                    self._free_up(lane)
+                self._freed(lanes)
+            self._cond.notify_all()
 
     def done(self, token: str) -> None:
         """The batch of ``token`` is published or given back: its lanes' keys are free again."""
         with self._cond:
-            for lane in self._held.pop(token, ()):
-                self._free_up(lane)
+            self._freed(self._held.pop(token, ()))
+            self._cond.notify_all()
 
-    def _free_up(self, lane: int) -> None:
-        if lane not in self._free and not any(lane in held for held in self._held.values()):
-            self._free.append(lane)
-            self._cond.notify()
+    def _freed(self, lanes: Sequence[int]) -> None:
+        now = time.monotonic()
+        for lane in lanes:
+            self._freed_at[lane] = now
 
-    def share(self, owned: frozenset[int], lane: int) -> frozenset[int]:
-        """The partitions of ``owned`` in ``lane``."""
-        if self.count == 1:
+    def free(self) -> int:
+        """Lanes with nothing in flight and no claim in them now."""
+        with self._cond:
+            return len(self._free())
+
+    def share(self, owned: frozenset[int], lanes: Collection[int]) -> frozenset[int]:
+        """The partitions of ``owned`` in ``lanes``."""
+        if len(set(lanes)) == self.count:
             return owned
-        return frozenset(p for p in owned if p % self.count == lane)
+        return frozenset(p for p in owned if p % self.count in lanes)
 
 
 class OwnedClaims:
@@ -197,6 +223,8 @@ class OwnedClaims:
         self._page: int | None = None
         self._look_past_at = 0.0
         self._look_past_wait = 0.0
+        # The last claim took under half a batch: the next reads every free lane.
+        self._quiet = False
 
     def owned(self, share: str) -> frozenset[int]:
         """The partitions of ``share`` (parsed once per share)."""
@@ -252,30 +280,33 @@ class OwnedClaims:
         :meth:`published` and :meth:`settled`.
         """
         lanes = [self.lanes.take()]
+        if self._quiet:
+            # The last claim took under half a batch: read every free lane at
+            # once (one window, one lease), not lane by lane.
+            lanes += self.lanes.take_all_free()
         events: list[Event] = []
-        more = False
+        more = committed = False
         try:
-            with ExitStack() as locks:
-                locks.enter_context(self.lanes.locks[lanes[0]])
-                with self.dialect.transaction(conn):
-                    owned = self._own_share(conn)
-                    while owned is not None:
-                        got, left = self._claim_lane(
-                            conn, owned, lanes[-1], limit - len(events), lease, token,
-                            run_length, block_on_dead,
-                        )  # fmt: skip
-                        events += got
-                        more = more or left
-                        # A lane that yields little (a quiet table): read another
-                        # free lane too, or its events wait for the next poll.
-                        # Its lock is held to the commit, like the first one's.
-                        other = self.lanes.take_free() if 2 * len(events) < limit else None
-                        if other is None:
-                            break
-                        lanes.append(other)
-                        locks.enter_context(self.lanes.locks[other])
+            with self.dialect.transaction(conn):
+                owned = self._own_share(conn)
+                reading = lanes
+                while owned is not None and reading:
+                    got, left = self._claim_lanes(
+                        conn, owned, reading, limit - len(events), lease, token,
+                        run_length, block_on_dead,
+                    )  # fmt: skip
+                    events += got
+                    more = more or left
+                    # A lane that yields little (the table grew quiet): read the
+                    # other free lanes too, or their events wait for the next poll.
+                    reading = self.lanes.take_all_free() if 2 * len(events) < limit else []
+                    lanes += reading
+            committed = True
         finally:
-            self.lanes.hold(lanes, token if events else None)
+            # After the commit (or the rollback): only then may another claim
+            # read these lanes. A failed claim leased nothing.
+            self.lanes.hold(lanes, token if events and committed else None)
+        self._quiet = 2 * len(events) < limit
         if len(lanes) > 1:
             events.sort(key=lambda e: e.id)
         # A busy lane filled half the batch; the other lanes were not read:
@@ -294,11 +325,11 @@ class OwnedClaims:
         self.membership.observe(*share)
         return self.owned(share[0])
 
-    def _claim_lane(
+    def _claim_lanes(
         self,
         conn: Connection,
         owned_all: frozenset[int],
-        lane: int,
+        lanes: Sequence[int],
         limit: int,
         lease: float,
         token: str,
@@ -307,7 +338,7 @@ class OwnedClaims:
     ) -> tuple[list[Event], bool]:
         # The share cannot change while this claim runs (a rebalance waits for
         # the row lock own_share took), so concurrent lanes stay disjoint.
-        owned = self.lanes.share(owned_all, lane)
+        owned = self.lanes.share(owned_all, lanes)
         if not owned:
             return [], False
         # Owning every partition: no filter (and no hashing).
@@ -396,7 +427,10 @@ class OwnedClaims:
                 # again and again: the next page would hold more of the same.
                 break
             after = window[-1].id
-        return {i: keys[i] for i in picked.ids}, more or len(keys) > len(picked.ids)
+        # More soon: rows past the page, a full batch, or keys in flight or
+        # past their run (not keys stuck on a dead event or a retry's backoff).
+        more = more or len(picked.ids) >= limit or picked.waiting > 0
+        return {i: keys[i] for i in picked.ids}, more
 
     def _looked_past(self, *, found: bool) -> None:
         if found:

@@ -5,9 +5,10 @@ claims (up to :attr:`Relay.claim_depth`) are submitted before publishing, so
 claiming batches N+1 (and N+2) and settling batch N-1 overlap with
 publishing batch N, each on its own connection. At most one settle waits
 behind the running one; in ordered mode a claim first waits for the last
-settle (by key partitions, for its lane's last batch), so it sees the keys
-that settle freed. While the broker is down nothing is claimed (prefetched
-batches are given back) and the broker is probed with backoff.
+settle, so it sees the keys that settle freed (by key partitions, for a lane
+whose batch the broker answered: see :class:`~outbox_core.relay.owned.Lanes`).
+While the broker is down nothing is claimed (prefetched batches are given
+back) and the broker is probed with backoff.
 """
 
 from __future__ import annotations

@@ -416,6 +416,46 @@ def test_claims_in_flight_side_by_side_take_one_lane_each(
         settle_ok(a, claim)
 
 
+class FailingLease:
+    """A relay's statements whose ``fail_at``-th lease raises (after the earlier ones leased)."""
+
+    def __init__(self, inner: Any, fail_at: int) -> None:
+        self._inner = inner
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def lease(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("the database went away mid-claim")
+        return self._inner.lease(*args, **kwargs)
+
+
+def test_a_claim_that_fails_after_leasing_rolls_back_and_gives_its_lanes_back(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    order = enqueue(outbox, [f"f{i}" for i in range(8)], 1)
+    a = new_relay(outbox, relays, batch_size=100)
+    assert a.owned is not None and a.membership is not None
+    a.membership.tick()
+    lanes = a.owned.lanes.count
+    # A quiet table: the claim reads every lane, and the last lane's lease fails.
+    inner = a.owned.statements
+    a.owned.statements = FailingLease(inner, fail_at=lanes)
+    with a.engine.connect() as conn, pytest.raises(RuntimeError):
+        a.owned.claim(
+            conn, limit=100, lease=LEASE, token="t-fail", run_length=1, block_on_dead=True
+        )
+    assert a.owned.lanes.free() == lanes
+    a.owned.statements = inner
+    again = a._claim()  # nothing stayed leased: every event is claimed again
+    assert sorted(e.event_id for e in again.events) == sorted(i[0] for i in order.values())
+    settle_ok(a, again)
+
+
 def test_stale_after_must_leave_room_for_heartbeats_and_lock_waits() -> None:
     from outbox_core import Settings
     from outbox_core.errors import ConfigurationError

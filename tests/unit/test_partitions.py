@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox_core.dialects.base.partitioned import WindowRow
 from outbox_core.partitions import PARTITIONS, describe, parse, partition_of, progressions, split
-from outbox_core.relay.owned import pick
+from outbox_core.relay.owned import Lanes, pick
 
 
 def test_the_partition_of_a_key_is_the_same_everywhere() -> None:
@@ -136,3 +138,38 @@ def test_progressions_cover_exactly_the_partitions(parts: set[int]) -> None:
         p for first, last, step in progressions(sorted(parts)) for p in range(first, last + 1, step)
     }
     assert covered == parts
+
+
+def test_a_lane_is_taken_by_one_claim_at_a_time_and_prefers_a_lane_with_nothing_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("outbox_core.relay.owned.LANE_WAIT", 0.0)
+    lanes = Lanes(2)
+    first = lanes.take()
+    second = lanes.take()  # the first is claiming: never the same lane
+    assert {first, second} == {0, 1}
+    lanes.hold([first], "t1")  # a batch in flight in the first lane
+    lanes.hold([second], None)  # the second took nothing
+    assert lanes.take() == second
+    # Every lane busy: the one in flight longest, and no spare lane to read.
+    busy = lanes.take()
+    assert busy == first and lanes.take_all_free() == []
+    # Its batch is answered while a claim reads the lane: still not free.
+    lanes.done("t1")
+    assert lanes.take_all_free() == []
+    lanes.hold([busy], None)
+    lanes.hold([second], None)
+    assert lanes.free() == 2
+
+
+def test_a_claim_waits_for_a_lane_another_claim_leaves() -> None:
+    lanes = Lanes(1)
+    lane = lanes.take()
+    taken: list[int] = []
+    waiter = threading.Thread(target=lambda: taken.append(lanes.take()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not taken  # the only lane is claiming
+    lanes.hold([lane], None)
+    waiter.join(5)
+    assert taken == [lane]
