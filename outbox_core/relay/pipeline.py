@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from outbox_core.errors import DatabaseError
@@ -91,7 +91,7 @@ class Pipeline:
         if not was_prefetched and relay.settings.ordered:
             self._settled()
         try:
-            future = self.prefetched.popleft() if was_prefetched else self.db.submit(relay._claim)
+            future = self._next_prefetched() if was_prefetched else self.db.submit(relay._claim)
             claim = future.result()
         except DatabaseError as exc:
             wait = self.wait_after(exc)
@@ -100,6 +100,18 @@ class Pipeline:
         self.errors.reset()
         self.outage.reset()
         return claim
+
+    def _next_prefetched(self) -> Future[Claim]:
+        """The first prefetched claim to finish (the oldest of those finished).
+
+        Not simply the oldest: ordered by key partitions, a later claim may
+        have taken the lanes first, and the older one waits for that batch
+        to be published (:class:`~outbox_core.relay.owned.Lanes`).
+        """
+        wait(self.prefetched, return_when=FIRST_COMPLETED)
+        future = next(f for f in self.prefetched if f.done())
+        self.prefetched.remove(future)
+        return future
 
     def wait_after(self, exc: DatabaseError) -> float:
         """How long to wait before claiming again after ``exc`` (logged here).

@@ -3,8 +3,10 @@
 Three ``outbox relay --ordered`` processes (one of them claiming runs of up to
 three events per key) publish to :mod:`outbox_core.verify.sink` while a
 producer commits events over a few keys, some of its transactions rolled
-back. Every half second or so one relay is killed with SIGKILL, at whatever
-it was doing (claiming, publishing, settling), and started again. When the
+back. Every half second or so one relay that has published is killed with
+SIGKILL, at whatever it was doing (claiming, publishing, settling), and
+started again; the producer goes on until enough
+kills landed on relays at work. When the
 producer is done the kills stop and the relays drain the table. Then:
 
 * every committed event was published (at least once);
@@ -52,6 +54,9 @@ class Size:
     keys: int
 
 
+#: The producer goes on past the run's events, for the kills, up to this many times them.
+MORE_EVENTS = 10
+
 SIZES = {
     "quick": Size(events=300, seconds=6, kills=4, keys=10),
     "default": Size(events=3000, seconds=20, kills=12, keys=30),
@@ -93,13 +98,23 @@ class _Relays:
                 proc.kill()
             proc.wait()
 
-    def kill_one(self, rng: random.Random) -> int | None:
-        """SIGKILL a relay up for a second or more (past its imports), start another: its pid."""
+    def kill_one(self, rng: random.Random, working: set[int]) -> int | None:
+        """SIGKILL a relay up for a second or more (past its imports), start another: its pid.
+
+        Only one that has published (``working``: at work, holding partitions
+        and batches), so the kills land mid-work; while none has, the fleet
+        is left to recover (killing relays that never got to work, faster
+        than their rows go stale, would keep every partition with a dead one).
+        """
         now = time.monotonic()
-        ready = [i for i, t in enumerate(self.up_since) if now - t >= 1.0]
-        if not ready:
+        at_work = [
+            i
+            for i, t in enumerate(self.up_since)
+            if now - t >= 1.0 and self.procs[i].pid in working
+        ]
+        if not at_work:
             return None
-        index = rng.choice(ready)
+        index = rng.choice(at_work)
         victim = self.procs[index]
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
@@ -218,12 +233,12 @@ class _Run:
 
     def go(self) -> None:
         """Produce, kill and restart relays, wait for the drain; every process is gone after."""
-        produced, stop = threading.Event(), threading.Event()
+        produced, stop, enough = threading.Event(), threading.Event(), threading.Event()
         errors: list[BaseException] = []
         producer = threading.Thread(
             target=_produce,
             args=(self.ctx, self.size, self.rng, self.committed, self.rolled_back),
-            kwargs={"done": produced, "stop": stop, "errors": errors},
+            kwargs={"done": produced, "stop": stop, "enough": enough, "errors": errors},
             daemon=True,
         )
         started = time.monotonic()
@@ -237,8 +252,10 @@ class _Run:
                 if crashed:
                     raise Failed(crashed)
                 self.records = sink.read(str(self.sink_file))
+                if self.kills() >= self.size.kills:
+                    enough.set()
                 if not produced.is_set() or self.kills() < self.size.kills:
-                    victim = relays.kill_one(self.rng)
+                    victim = relays.kill_one(self.rng, {pid for _, pid, _ in self.records})
                     if victim is not None:
                         self.killed.append(victim)
                     continue
@@ -322,19 +339,24 @@ def _produce(
     *,
     done: threading.Event,
     stop: threading.Event,
+    enough: threading.Event,
     errors: list[BaseException],
 ) -> None:
-    """Commit ``size.events`` events over ``size.seconds``, every tenth transaction rolled back."""
+    """Commit ``size.events`` events over ``size.seconds``, every tenth transaction rolled back;
+    then go on at the same pace until ``enough`` kills hit relays at work (relays that drain
+    faster than they are killed would otherwise have nothing left to be killed at)."""
     seq: dict[str, int] = {}
     per_tx = 10
     pause = size.seconds / max(size.events / per_tx, 1)
     try:
-        while len(committed) < size.events and not stop.is_set():
+        while not stop.is_set() and len(committed) < MORE_EVENTS * size.events:
+            if len(committed) >= size.events and enough.is_set():
+                break
             batch: list[tuple[str, str, int]] = []
             roll_back = rng.random() < 0.1
             try:
                 with ctx.outbox.engine.begin() as conn:
-                    for _ in range(min(per_tx, size.events - len(committed))):
+                    for _ in range(max(1, min(per_tx, size.events - len(committed)))):
                         key = f"k{rng.randrange(size.keys)}"
                         n = seq.get(key, 0) if not roll_back else -1
                         event_id = ctx.outbox.enqueue(conn, "verify.sigkill", {"n": n}, key=key)
