@@ -217,6 +217,7 @@ def test_enqueue_async_wakes_in_process_relays_at_commit_like_enqueue(
 # -- exclusive claims -----------------------------------------------------------------
 
 
+@pytest.mark.alone  # it times a lock wait
 def test_two_relays_claim_disjoint_rows_without_waiting(backend: str, outbox: Outbox) -> None:
     enqueue_many(outbox, 10)
     with connection(outbox) as a, connection(outbox) as b:

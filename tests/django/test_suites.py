@@ -87,6 +87,9 @@ def test_django_suite(
             f"--ds=tests.django.project.settings.{settings}",
             "-p",
             "no:cacheprovider",
+            # One process: the outer run's workers are the parallelism.
+            "-n",
+            "0",
             "-q",
             "--no-header",
         ],
