@@ -173,3 +173,20 @@ def test_a_claim_waits_for_a_lane_another_claim_leaves() -> None:
     lanes.hold([lane], None)
     waiter.join(5)
     assert taken == [lane]
+
+
+@pytest.mark.parametrize("owned", [range(256), range(128, 256), range(0, 85), [3, 4, 5, 200, 201]])
+def test_lanes_split_a_share_into_disjoint_contiguous_runs_that_cover_it(
+    owned: list[int] | range,
+) -> None:
+    lanes = Lanes(2)
+    share = frozenset(owned)
+    halves = [lanes.share(share, [n]) for n in range(2)]
+    assert halves[0].isdisjoint(halves[1])
+    assert halves[0] | halves[1] == share == lanes.share(share, [0, 1])
+    assert abs(len(halves[0]) - len(halves[1])) <= 1
+    # Every partition of the first lane comes before every one of the second:
+    # a contiguous share gives each lane one BETWEEN (no modulo term).
+    assert max(halves[0]) < min(halves[1])
+    if share == frozenset(range(256)):
+        assert progressions(sorted(halves[0])) == [(0, 127, 1)]
