@@ -54,6 +54,7 @@ ALONE = (
     "tests/contract/test_kafka_relay.py",
     "tests/contract/test_partitions.py",
     "tests/contract/test_verify.py",
+    "tests/contract/test_wal_stream.py",
     "tests/unit/test_packaging.py",
 )
 

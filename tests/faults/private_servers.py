@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,11 +64,16 @@ def _wait_until_up(url: str, timeout: float) -> float:
 
 
 class PrivatePostgres:
-    """A PostgreSQL cluster of the test's own: ``initdb``, ``pg_ctl`` on a free port."""
+    """A PostgreSQL cluster of the test's own: ``initdb``, ``pg_ctl`` on a free port.
+
+    ``settings`` are extra server settings (``{"wal_level": "logical"}``),
+    passed as ``-c key=value`` at every start; values without spaces.
+    """
 
     user = "postgres"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Mapping[str, str] | None = None) -> None:
+        self.settings = dict(settings or {})
         bindir = Path(
             subprocess.run(
                 ["pg_config", "--bindir"], capture_output=True, text=True, check=True
@@ -99,6 +104,7 @@ class PrivatePostgres:
 
     def _ctl(self, action: str, *args: str) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        options += "".join(f" -c {key}={value}" for key, value in self.settings.items())
         self._run(
             "pg_ctl", action, "-D", str(self.data), "-l", str(self.log), "-o", options, "-w",
             "-t", "60", *args,

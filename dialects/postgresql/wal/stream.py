@@ -472,7 +472,7 @@ class WalStream:
             import psycopg2.extras
         except ImportError as exc:  # an optional dependency: the reader alone needs it
             raise ConfigurationError(
-                "reading a replication slot needs psycopg2 (pip install psycopg2-binary)"
+                "reading a replication slot needs psycopg2: pip install 'outbox-toolkit[wal]'"
             ) from exc
 
         self._pg = psycopg2
