@@ -26,6 +26,7 @@ from outbox_core.dialects.base import (
 )
 from outbox_core.dialects.postgresql.enqueue import PostgresqlEnqueue
 from outbox_core.dialects.postgresql.inbox import PostgresqlInbox
+from outbox_core.dialects.postgresql.partitioned import PostgresqlPartitions
 from outbox_core.dialects.postgresql.session import PostgresqlSession
 from outbox_core.dialects.postgresql.storage import PostgresqlStorage
 from outbox_core.errors import UnsupportedDatabase
@@ -69,6 +70,7 @@ class PostgresqlDialect(ReturningDialect):
         enqueue=PostgresqlEnqueue,
         inbox=PostgresqlInbox,
         keys=PostgresqlKeyWalk,
+        partitions=PostgresqlPartitions,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:

@@ -247,6 +247,9 @@ class OwnedClaims:
         self._look_past_wait = 0.0
         # The last claim took under half a batch: the next reads every free lane.
         self._quiet = False
+        # Lanes whose next claim chooses and leases in one statement (where
+        # the database can): the last claim in them filled half a batch.
+        self._in_one: dict[tuple[int, ...], bool] = {}
 
     def owned(self, share: str) -> frozenset[int]:
         """The partitions of ``share`` (parsed once per share)."""
@@ -365,15 +368,69 @@ class OwnedClaims:
             return [], False
         # Owning every partition: no filter (and no hashing).
         partitions = None if len(owned) == PARTITIONS else sorted(owned)
+        where = tuple(sorted(lanes))
+        first: list[Event] = []
+        if self.statements.claims_in_one and self._in_one.get(where, True):
+            first = self._claim_in_one(
+                conn, partitions, where, limit, lease, token, run_length, block_on_dead
+            )
+            if 2 * len(first) >= limit:
+                return first, True
+        # Under half a batch in one statement: the Python path takes the rest,
+        # looking past keys in flight or stuck (the statement's rows are
+        # leased now: their keys wait).
         picked, more = self._pick(
-            conn, partitions, owned, limit, run_length, block_on_dead, tuple(sorted(lanes))
+            conn, partitions, owned, limit - len(first), run_length, block_on_dead, where
         )
         if not picked:
-            return [], more
+            return first, more or bool(first)
         events = self.statements.lease(conn, sorted(picked), lease=lease, token=token)
         if len(events) < len(picked):
             events = self._keep_prefixes(conn, picked, events, token)
-        return events, more
+        if first:
+            events = sorted(first + events, key=lambda e: e.id)
+        return events, more or bool(first)
+
+    def _claim_in_one(
+        self,
+        conn: Connection,
+        partitions: Sequence[int] | None,
+        lanes: tuple[int, ...],
+        limit: int,
+        lease: float,
+        token: str,
+        run_length: int,
+        block_on_dead: bool,
+    ) -> list[Event]:
+        """The lanes' first window chosen and leased in one statement; [] to read in Python.
+
+        For a busy table whose window fills the batch. A window that yields
+        under half a batch holds keys in flight or stuck, or is nearly
+        empty: the Python path takes the rest of this claim, and the next
+        claims in these lanes, until one fills half a batch.
+        """
+        published, whole = self.published_ids()
+        claim = self.statements.claim_window(
+            conn,
+            partitions,
+            size=min(self._page.get(lanes, 2 * limit), 2 * limit),
+            limit=limit,
+            lease=lease,
+            token=token,
+            run_length=run_length,
+            block_on_dead=block_on_dead,
+            whole=whole,
+            published=published,
+        )
+        self._in_one[lanes] = claim.complete and 2 * len(claim.events) >= limit
+        if not claim.complete:
+            # A chosen row changed hands since the window (an operator's
+            # replay, an unordered relay on the table): a key's later row may
+            # be leased without its earlier one. Give all back, unspent; the
+            # Python path keeps each key's events up to the gap.
+            self.statements.unlease(conn, [e.id for e in claim.events], token=token)
+            return []
+        return claim.events
 
     def _pick(
         self,
@@ -459,6 +516,7 @@ class OwnedClaims:
         # More soon: rows past the page, a full batch, or keys in flight or
         # past their run (not keys stuck on a dead event or a retry's backoff).
         more = more or len(picked.ids) >= limit or picked.waiting > 0
+        self._in_one[lanes] = 2 * len(picked.ids) >= limit and not crowded
         return {i: keys[i] for i in picked.ids}, more
 
     def _looked_past(self, *, found: bool) -> None:

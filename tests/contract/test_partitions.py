@@ -430,11 +430,18 @@ class FailingLease:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def lease(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         if self.calls == self.fail_at:
             raise RuntimeError("the database went away mid-claim")
-        return self._inner.lease(*args, **kwargs)
+        return getattr(self._inner, name)(*args, **kwargs)
+
+    def lease(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("lease", *args, **kwargs)
+
+    def claim_window(self, *args: Any, **kwargs: Any) -> Any:
+        # PostgreSQL's one-statement claim leases too.
+        return self._call("claim_window", *args, **kwargs)
 
 
 def test_a_claim_that_fails_after_leasing_rolls_back_and_gives_its_lanes_back(

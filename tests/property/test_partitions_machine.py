@@ -250,7 +250,7 @@ def test_partitioned_relays_keep_order_through_joins_leaves_and_staleness(
 
 
 FIND_BUG = settings(
-    max_examples=300, stateful_step_count=40, phases=[Phase.generate], derandomize=True
+    max_examples=1000, stateful_step_count=40, phases=[Phase.generate], derandomize=True
 )
 
 

@@ -1,0 +1,113 @@
+"""Partitioned ordered claims on PostgreSQL: a lane's window, choice and lease in one statement."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from outbox_core.dialects.base.partitioned import OneStatementClaim, PartitionStatements
+from outbox_core.message import State
+from outbox_core.schema import in_state
+
+
+class PostgresqlPartitions(PartitionStatements):
+    """:meth:`claim_window` as ``WITH w AS MATERIALIZED (...) UPDATE ... FROM p RETURNING``.
+
+    The rules are :func:`~outbox_core.relay.owned.pick`'s, in SQL: a window
+    function numbers each key's rows in the window (its run) and counts its
+    rows not yet due so far; a key with a leased row (less this relay's rows
+    the broker confirmed) or, with ``block_on_dead``, a dead row before the
+    row is held. The rows never leave the server: one round trip instead of
+    four, and no tuple per pending row in Python.
+    """
+
+    claims_in_one: ClassVar[bool] = True
+
+    def claim_window(
+        self,
+        conn: Connection,
+        partitions: Sequence[int] | None,
+        *,
+        size: int,
+        limit: int,
+        lease: float,
+        token: str,
+        run_length: int,
+        block_on_dead: bool,
+        whole: Collection[str] = (),
+        published: Collection[int] = (),
+        blocked_by_leases: bool = True,
+    ) -> OneStatementClaim:
+        """See :meth:`PartitionStatements.claim_window`."""
+        d = self.dialect
+        t = self.table
+        due = (t.c.available_at <= d.clock()).label("due")
+        w = (
+            sa.select(t.c.id, t.c.key, t.c.key_partition, due)
+            .where(in_state(t.c.state, State.PENDING), self._in_partitions(partitions))
+            .order_by(t.c.id)
+            .limit(size)
+            .cte("w")
+            .prefix_with("MATERIALIZED")
+        )
+        # ORDER BY id: the frame runs from the key's first row in the window to this one.
+        run = sa.func.row_number().over(partition_by=w.c.key, order_by=w.c.id).label("run")
+        late = (
+            sa.func.count()
+            .filter(sa.not_(w.c.due))
+            .over(partition_by=w.c.key, order_by=w.c.id)
+            .label("late")
+        )
+        f = sa.select(w.c.id, w.c.key, w.c.due, run, late).cte("f")
+        keyed: list[sa.ColumnElement[bool]] = [
+            f.c.key.is_not(None),
+            f.c.run <= run_length,
+            f.c.late == 0,
+        ]
+        if blocked_by_leases:
+            leased = t.alias("l")
+            whole_ = sa.bindparam("o_whole", sorted(whole), type_=postgresql.ARRAY(sa.String()))
+            published_ = sa.bindparam(
+                "o_published", sorted(published), type_=postgresql.ARRAY(sa.BigInteger())
+            )
+            keyed.append(
+                ~sa.exists().where(
+                    in_state(leased.c.state, State.LEASED),
+                    leased.c.key == f.c.key,
+                    sa.not_(leased.c.lease_owner == sa.any_(whole_)),
+                    sa.not_(leased.c.id == sa.any_(published_)),
+                )
+            )
+        if block_on_dead:
+            dead = t.alias("d")
+            keyed.append(
+                ~sa.exists().where(
+                    in_state(dead.c.state, State.DEAD),
+                    dead.c.key == f.c.key,
+                    dead.c.id < f.c.id,
+                )
+            )
+        chosen = sa.select(f.c.id).where(sa.or_(sa.and_(f.c.key.is_(None), f.c.due), *[
+            sa.and_(*keyed)
+        ]))  # fmt: skip
+        if partitions is not None:
+            # A row an earlier version wrote has no partition: which relay owns
+            # it is computed from its key in Python. None in the window: leave
+            # this claim to the Python path.
+            chosen = chosen.where(~sa.exists().where(w.c.key_partition.is_(None)))
+        p = chosen.order_by(f.c.id).limit(limit).cte("p")
+        picked = sa.select(sa.func.count()).select_from(p).scalar_subquery().label("o_picked")
+        update = (
+            sa.update(t)
+            .where(t.c.id == p.c.id, in_state(t.c.state, State.PENDING))
+            .values(d.lease_values(lease=lease, token=token))
+            .returning(*d.claim_columns(t), picked)
+        )
+        rows = conn.execute(update, d.clock_params()).all()
+        events = sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
+        # Every chosen row was still pending: none changed hands since the window.
+        return OneStatementClaim(events, complete=not rows or rows[0][-1] == len(rows))

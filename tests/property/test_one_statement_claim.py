@@ -1,0 +1,192 @@
+"""PostgreSQL's one-statement partitioned claim chooses exactly what the Python path chooses.
+
+``PostgresqlPartitions.claim_window`` puts :func:`~outbox_core.relay.owned.pick`'s
+rules into SQL (a window function for each key's run and its rows not yet
+due, ``NOT EXISTS`` for leased and dead rows). Hypothesis draws tables of
+pending, leased and dead rows over a few keys (some not due, some leased by
+tokens whose batches the broker confirmed, some rows confirmed one by one),
+run lengths, limits, window sizes and partition filters; for each, the
+statement's leased ids must equal the ids ``pick`` chooses from the same
+window with the same leased keys and dead heads. A statement without the
+leased-key check is shown to differ.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outbox_core import Outbox
+from outbox_core.dialects.base.partitioned import fold_key
+from outbox_core.message import State
+from outbox_core.partitions import partition_of
+from outbox_core.relay.owned import pick
+
+KEYS = [None, "a", "b", "c", "d"]
+TOKENS = ["t1", "t2", "t3"]
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str | None
+    state: State
+    due: bool
+    token: str
+
+
+rows_ = st.lists(
+    st.builds(
+        Row,
+        key=st.sampled_from(KEYS),
+        state=st.sampled_from(
+            [State.PENDING, State.PENDING, State.PENDING, State.LEASED, State.DEAD]
+        ),
+        due=st.booleans() | st.just(True),
+        token=st.sampled_from(TOKENS),
+    ),
+    max_size=30,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    rows: list[Row]
+    whole: list[str]
+    published: list[int]  # indexes into rows
+    run_length: int
+    limit: int
+    size: int
+    block_on_dead: bool
+    lower_half: bool
+
+
+cases = st.builds(
+    Case,
+    rows=rows_,
+    whole=st.lists(st.sampled_from(TOKENS), unique=True),
+    published=st.lists(st.integers(0, 29), unique=True),
+    run_length=st.integers(1, 3),
+    limit=st.integers(1, 10),
+    size=st.integers(1, 30),
+    block_on_dead=st.booleans(),
+    lower_half=st.booleans(),
+)
+
+
+@pytest.fixture
+def pg(backend: str, outbox: Outbox) -> Iterator[Outbox]:
+    if not outbox.dialect.partitions.claims_in_one:
+        pytest.skip(f"{backend} has no one-statement claim")
+    yield outbox
+
+
+def fill(outbox: Outbox, case: Case) -> list[int]:
+    """The case's rows, in order; their ids."""
+    t = outbox.table
+    now = outbox.dialect.utcnow()
+    ids: list[int] = []
+    with outbox.engine.begin() as conn:
+        conn.execute(sa.delete(t))
+        for row in case.rows:
+            event_id = str(uuid.uuid4())
+            values = {
+                "event_id": event_id,
+                "topic": "one.t",
+                "key": row.key,
+                "key_partition": partition_of(row.key, event_id),
+                "payload": {},
+                "state": int(row.state),
+                "attempts": 1 if row.state == State.LEASED else 0,
+                "available_at": now - timedelta(seconds=5 if row.due else -3600),
+                "created_at": now,
+                "lease_owner": row.token if row.state == State.LEASED else None,
+                "lease_until": now + timedelta(seconds=60) if row.state == State.LEASED else None,
+            }
+            ids.append(
+                int(conn.execute(sa.insert(t).values(values).returning(t.c.id)).scalar_one())
+            )
+    return ids
+
+
+def python_choice(
+    outbox: Outbox, case: Case, partitions: list[int] | None, published: set[int]
+) -> list[int]:
+    st_ = outbox.dialect.partitions
+    with outbox.engine.connect() as conn:
+        window = st_.pending_window(conn, partitions, after=0, limit=case.size)
+        leased = {
+            k for i, k in st_.leased_keys(conn, partitions, but=case.whole) if i not in published
+        }
+        dead = st_.dead_heads(conn, partitions) if case.block_on_dead else {}
+    chosen = pick(
+        window,
+        mine=lambda r: True,
+        leased=leased,
+        dead=dead,
+        limit=case.limit,
+        run_length=case.run_length,
+        fold=fold_key if st_.keys_fold else None,
+    )
+    return sorted(chosen.ids)
+
+
+def sql_choice(
+    outbox: Outbox,
+    case: Case,
+    partitions: list[int] | None,
+    published: set[int],
+    *,
+    blocked_by_leases: bool = True,
+) -> list[int]:
+    with outbox.engine.connect() as conn, conn.begin() as tx:
+        claim = outbox.dialect.partitions.claim_window(
+            conn,
+            partitions,
+            size=case.size,
+            limit=case.limit,
+            lease=30,
+            token="t-new",
+            run_length=case.run_length,
+            block_on_dead=case.block_on_dead,
+            whole=case.whole,
+            published=published,
+            blocked_by_leases=blocked_by_leases,
+        )
+        tx.rollback()  # the table stays as drawn
+    assert claim.complete
+    return [e.id for e in claim.events]
+
+
+def check(outbox: Outbox, case: Case, *, blocked_by_leases: bool = True) -> None:
+    ids = fill(outbox, case)
+    published = {ids[i] for i in case.published if i < len(ids)}
+    partitions = list(range(128)) if case.lower_half else None
+    expected = python_choice(outbox, case, partitions, published)
+    got = sql_choice(outbox, case, partitions, published, blocked_by_leases=blocked_by_leases)
+    assert got == expected, f"one statement chose {got}, pick chose {expected}"
+
+
+def test_the_one_statement_claim_chooses_what_pick_chooses(pg: Outbox) -> None:
+    @settings(max_examples=150)
+    @given(case=cases)
+    def run(case: Case) -> None:
+        check(pg, case)
+
+    run()
+
+
+def test_a_statement_without_the_leased_key_check_is_caught(pg: Outbox) -> None:
+    @settings(max_examples=300)
+    @given(case=cases)
+    def run(case: Case) -> None:
+        check(pg, case, blocked_by_leases=False)
+
+    with pytest.raises(AssertionError, match="one statement chose"):
+        run()
