@@ -82,6 +82,12 @@ class Settings:
     #: dots: a RabbitMQ routing key, a Kafka topic, a NATS subject and a Redis
     #: stream key alike); off, any text of up to 255 characters is stored.
     portable_topics: bool = True
+    #: Where ``outbox relay`` reads events: "table" (claims, polling) or "wal"
+    #: (PostgreSQL's logical replication slot; README, Log tailing).
+    source: Literal["table", "wal"] = "table"
+    #: Log tailing: the replication slot and publication [default: ``outbox_<table>``].
+    slot: str | None = None
+    publication: str | None = None
 
     def __post_init__(self) -> None:
         if self.lease <= 0:

@@ -55,6 +55,7 @@ ALONE = (
     "tests/contract/test_partitions.py",
     "tests/contract/test_verify.py",
     "tests/contract/test_wal_stream.py",
+    "tests/contract/test_wal_relay.py",
     "tests/unit/test_packaging.py",
 )
 

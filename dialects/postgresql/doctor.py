@@ -174,11 +174,99 @@ def long_transactions(ctx: DoctorContext) -> Iterable[Finding]:
     )
 
 
+def log_tailing(ctx: DoctorContext) -> Iterable[Finding]:
+    """The replication slot of ``--source wal``: ready, read, and how much WAL it keeps.
+
+    An abandoned slot keeps every WAL segment since its position on the
+    server's disk, until the disk is full: an error past
+    ``slot_retained_error``.
+    """
+    from outbox_core.dialects.postgresql.wal import check_ready, slot_facts
+    from outbox_core.relay.wal import wal_names
+
+    settings = ctx.outbox.settings
+    slot, publication = wal_names(settings)
+    facts = slot_facts(ctx.conn, slot)
+    if facts is None:
+        if settings.source == "wal":
+            yield Finding(
+                "log_tailing",
+                Severity.ERROR,
+                f"source is wal but replication slot {slot!r} does not exist",
+                fix=f"{ctx.install_command()} --source wal",
+            )
+        else:
+            yield Finding(
+                "log_tailing", Severity.OK, f"no replication slot {slot!r}: relayed by polling"
+            )
+        return
+    details = {
+        "slot": slot,
+        "publication": publication,
+        "active": facts.active,
+        "active_pid": facts.active_pid,
+        "retained_bytes": facts.retained_bytes,
+        "wal_status": facts.wal_status,
+        "safe_wal_size": facts.safe_wal_size,
+    }
+    problems = check_ready(ctx.conn, slot=slot, publication=publication)
+    if problems:
+        yield Finding(
+            "log_tailing",
+            Severity.ERROR,
+            f"slot {slot!r} cannot be read: " + "; ".join(str(p) for p in problems),
+            fix="see README, Log tailing (PostgreSQL); `outbox uninstall --source wal` drops "
+            "a slot nobody will read",
+            details=details,
+        )
+        return
+    retained = facts.retained_bytes or 0
+    kept = f"keeps {retained / 2**20:.1f} MiB of WAL"
+    drop = (
+        "start a relay with --source wal on it, or drop it if log tailing was given up: "
+        "outbox uninstall --source wal"
+    )
+    limits = ctx.limits
+    if retained >= limits.slot_retained_error:
+        yield Finding(
+            "log_tailing",
+            Severity.ERROR,
+            f"slot {slot!r} {kept} (over {limits.slot_retained_error / 2**30:.0f} GiB): the "
+            "server cannot remove it until a relay confirms past it, and the disk fills",
+            fix=drop,
+            details=details,
+        )
+    elif not facts.active:
+        yield Finding(
+            "log_tailing",
+            Severity.WARNING,
+            f"no relay reads slot {slot!r} now; it {kept}, more with every write",
+            fix=drop,
+            details=details,
+        )
+    elif retained >= limits.slot_retained_warning:
+        yield Finding(
+            "log_tailing",
+            Severity.WARNING,
+            f"slot {slot!r} is read (pid {facts.active_pid}) but {kept}: the relay is behind",
+            fix="look at the relay's broker (outages hold the slot) and its logs",
+            details=details,
+        )
+    else:
+        yield Finding(
+            "log_tailing",
+            Severity.OK,
+            f"slot {slot!r} is read (pid {facts.active_pid}) and {kept}",
+            details=details,
+        )
+
+
 #: The checks this database adds to ``outbox doctor``, by finding name.
 CHECKS = [
     ("isolation", isolation),
     ("dead_tuples", dead_tuples),
     ("long_transactions", long_transactions),
+    ("log_tailing", log_tailing),
 ]
 
 DOCTOR = FamilyDoctor(

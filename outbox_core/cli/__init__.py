@@ -8,7 +8,8 @@ masked.
 Modules: :mod:`~outbox_core.cli.options` (the shared database options, settings,
 errors), :mod:`~outbox_core.cli.logs` (logging), :mod:`~outbox_core.cli.render`
 (the status table, migrate's progress) and one module per command family:
-:mod:`~outbox_core.cli.admin` (install, schema, status, cleanup, replay),
+:mod:`~outbox_core.cli.admin` (install, uninstall, schema, status, cleanup,
+replay), :mod:`~outbox_core.cli.wal` (``--source wal``),
 :mod:`~outbox_core.cli.relay`, :mod:`~outbox_core.cli.doctor`,
 :mod:`~outbox_core.cli.migrate`, :mod:`~outbox_core.cli.verify` (verify,
 matrix) and :mod:`~outbox_core.cli.demo`.
@@ -47,6 +48,7 @@ def main(verbose: int, log_json: bool) -> None:
 
 for _command in (
     admin.install,
+    admin.uninstall,
     admin.schema,
     admin.status,
     admin.cleanup,

@@ -21,6 +21,7 @@ from outbox_core.cli.options import (
     settings_from,
 )
 from outbox_core.cli.render import render_status
+from outbox_core.cli.wal import check_wal, install_wal, source_options, uninstall_wal
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import parse_duration
 from outbox_core.redaction import mask_url
@@ -29,14 +30,49 @@ from outbox_core.schema import OutboxTables
 
 @click.command()
 @db_options
+@source_options
 @handle_errors
 def install(config_file: str | None, **values: Any) -> None:
-    """Create the outbox tables if they are missing (idempotent)."""
-    outbox = open_outbox(settings_from(config_file, **values))
+    """Create the outbox tables if they are missing (idempotent).
+
+    ``--source wal`` (PostgreSQL, ``wal_level = logical``, a role with
+    REPLICATION) also creates the publication and the replication slot.
+    """
+    settings = settings_from(config_file, **values)
+    outbox = open_outbox(settings)
+    where = mask_url(outbox.url.render_as_string(hide_password=False))
+    if settings.source == "wal":
+        check_wal(outbox)  # refused before the table is made
     outbox.install()
+    click.echo(f"outbox table {outbox.table.fullname!r} ready on {where}")
+    if settings.source == "wal":
+        slot, publication, made_slot, made_publication = install_wal(outbox, settings)
+        click.echo(
+            f"publication {publication!r} {'created' if made_publication else 'exists'}, "
+            f"replication slot {slot!r} {'created' if made_slot else 'exists'}"
+        )
+
+
+@click.command()
+@db_options
+@source_options
+@handle_errors
+def uninstall(config_file: str | None, **values: Any) -> None:
+    """Drop the replication slot and publication of ``--source wal`` (the table stays).
+
+    An abandoned slot keeps WAL on the server's disk for ever: drop it when
+    log tailing is given up.
+    """
+    settings = settings_from(config_file, **values)
+    if settings.source != "wal":
+        raise ConfigurationError(
+            "uninstall removes log tailing only: pass --source wal (the table is kept; "
+            "drop it yourself)"
+        )
+    slot, publication, dropped = uninstall_wal(open_outbox(settings), settings)
     click.echo(
-        f"outbox table {outbox.table.fullname!r} ready on "
-        f"{mask_url(outbox.url.render_as_string(hide_password=False))}"
+        f"replication slot {slot!r} {'dropped' if dropped else 'was not there'}, "
+        f"publication {publication!r} dropped"
     )
 
 

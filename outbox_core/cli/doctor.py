@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
+from outbox_core.cli.wal import source_options
 from outbox_core.doctor.model import DEAD_TUPLE_RATIO, MIN_DEAD_TUPLES
 from outbox_core.fields import parse_duration
 from outbox_core.redaction import mask_url
@@ -16,6 +17,7 @@ from outbox_core.redaction import mask_url
 
 @click.command("doctor")
 @db_options
+@source_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 @click.option(

@@ -71,7 +71,7 @@ def open_outbox(settings: Settings) -> Outbox:
         raise ConfigurationError(
             "no database URL: pass --db, set OUTBOX_DATABASE_URL, or database_url in outbox.toml"
         )
-    return Outbox(
+    outbox = Outbox(
         settings.database_url,
         table=settings.table,
         schema=settings.schema,
@@ -79,6 +79,11 @@ def open_outbox(settings: Settings) -> Outbox:
         block_on_dead=settings.block_on_dead,
         notify=settings.notify,
     )
+    # Where its relays read (the doctor checks a log-tailing slot by these).
+    outbox.settings = outbox.settings.replace(
+        source=settings.source, slot=settings.slot, publication=settings.publication
+    )
+    return outbox
 
 
 def broker_option(func: F) -> F:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from outbox_core.brokers.base import check_broker_url
+from outbox_core.brokers.base import check_broker_url, create_broker
 from outbox_core.cli.options import (
     broker_option,
     db_options,
@@ -18,6 +18,7 @@ from outbox_core.cli.options import (
     parse_broker_options,
     settings_from,
 )
+from outbox_core.cli.wal import source_options, wal_relay
 from outbox_core.errors import ConfigurationError
 from outbox_core.redaction import mask_url
 
@@ -50,6 +51,7 @@ from outbox_core.redaction import mask_url
 @click.option("--metrics-port", type=int, help="Serve /metrics and /healthz on this port.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option("--name", help="Relay name used in lease tokens and logs.")
+@source_options
 @handle_errors
 def relay(
     config_file: str | None,
@@ -74,6 +76,20 @@ def relay(
         mask_url(outbox.url.render_as_string(hide_password=False)),
         mask_url(settings.broker_url),
     )
+    if settings.source == "wal":
+        if once or metrics_port is not None:
+            raise ConfigurationError(
+                "--source wal runs until SIGTERM: no --once, no --metrics-port"
+            )
+        broker = create_broker(settings.broker_url, **options)
+        try:
+            tailing = wal_relay(outbox, broker, settings, name)  # not PostgreSQL: refused first
+            outbox.check()
+        except BaseException:
+            broker.close()
+            raise
+        tailing.run()
+        return
     # The broker's URL and options first (a mistake there needs no database),
     # then the database and the table; run() probes the broker before its first claim.
     relay = outbox.relay(settings.broker_url, settings=settings, name=name, broker_options=options)

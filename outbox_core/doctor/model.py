@@ -29,6 +29,10 @@ DEAD_TUPLE_RATIO = 0.2
 
 MIN_DEAD_TUPLES = 10_000
 
+SLOT_RETAINED_WARNING = 1 << 30  # 1 GiB
+
+SLOT_RETAINED_ERROR = 10 << 30  # 10 GiB
+
 
 class Severity(StrEnum):
     """How bad a finding is: ``ok``, ``warning`` (works, but watch it) or ``error``."""
@@ -71,6 +75,10 @@ class Thresholds:
     dead_tuple_ratio: float = DEAD_TUPLE_RATIO
     #: ...once there are at least this many.
     min_dead_tuples: int = MIN_DEAD_TUPLES
+    #: Bytes of WAL a log-tailing slot may keep on disk before a warning...
+    slot_retained_warning: int = SLOT_RETAINED_WARNING
+    #: ...and before an error (an abandoned slot fills the disk).
+    slot_retained_error: int = SLOT_RETAINED_ERROR
 
 
 @dataclass

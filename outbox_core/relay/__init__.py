@@ -27,6 +27,8 @@ One job per module:
   adaptive polling); ``background``: maintenance and LISTEN threads;
   ``signals``: SIGTERM / SIGINT;
 * ``observers``: the one hook mechanism (:class:`RelayObserver`);
+* ``wal``: :class:`~outbox_core.relay.wal.WalRelay`, log tailing (``--source
+  wal``): events from PostgreSQL's replication slot instead of claims;
 * ``state``: up or down since when (:class:`ServiceState`), for the broker
   and the database.
 

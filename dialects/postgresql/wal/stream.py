@@ -39,6 +39,7 @@ from outbox_core.dialects.postgresql.wal.pgoutput import (
     Insert,
     Relation,
     Unchanged,
+    Update,
     WalDecodeError,
     WalError,
     decode_message,
@@ -199,18 +200,27 @@ def publication_exists(conn: sa.Connection, name: str) -> bool:
 
 
 def create_publication(
-    conn: sa.Connection, name: str, *, table: str, schema: str = "public"
+    conn: sa.Connection,
+    name: str,
+    *,
+    table: str,
+    schema: str = "public",
+    publish: Sequence[str] = ("insert",),
 ) -> bool:
-    """``CREATE PUBLICATION name FOR TABLE schema.table WITH (publish = 'insert')``.
+    """``CREATE PUBLICATION name FOR TABLE schema.table WITH (publish = ...)``.
 
+    ``publish`` names the operations sent (``insert``, ``update``, ``delete``).
     False (and nothing done) when a publication of that name exists already.
     Create it before the slot: the slot decodes a change with the catalog of
     its time, and a publication younger than the change is not found.
     """
+    operations = ", ".join(op for op in publish if op in ("insert", "update", "delete"))
+    if not operations or len(operations.split(", ")) != len(publish):
+        raise ConfigurationError(f"publish: insert, update or delete, not {list(publish)!r}")
     statement = (
         f"CREATE PUBLICATION {quote_identifier(name, 'publication name')} FOR TABLE "
         f"{quote_identifier(schema, 'schema name')}.{quote_identifier(table, 'table name')} "
-        "WITH (publish = 'insert')"
+        f"WITH (publish = '{operations}')"
     )
     if publication_exists(conn, name):
         return False
@@ -360,6 +370,9 @@ class WalRow:
     table: str
     values: Mapping[str, str | None] = field(hash=False)
     type_oids: Mapping[str, int] = field(hash=False)
+    #: ``"insert"``, or ``"update"`` (only from a publication that publishes updates;
+    #: an unchanged TOASTed column of an update is left out of ``values``).
+    op: str = "insert"
 
     def loaded(self) -> dict[str, Any]:
         """The values as Python objects, by type oid (:func:`~.pgoutput.load_text`)."""
@@ -669,6 +682,8 @@ class WalStream:
             self._relations[message.relid] = message
         elif isinstance(message, Insert):
             self._insert(message)
+        elif isinstance(message, Update):
+            self._update(message)
         elif isinstance(message, Commit):
             opened = self._require_open("COMMIT")
             if message.commit_lsn != opened.begin.final_lsn:
@@ -687,7 +702,7 @@ class WalStream:
                     rows=tuple(opened.rows),
                 )
             )
-        # Update, Delete, Truncate, Type, Origin, messages: not what an outbox reads.
+        # Delete, Truncate, Type, Origin, messages: not what an outbox reads.
 
     def _require_open(self, what: str) -> _Open:
         if self._open is None:
@@ -707,6 +722,22 @@ class WalStream:
                 raise WalDecodeError(f"INSERT into {relation.name} with an unchanged TOAST value")
             values[name] = value
         opened.rows.append(WalRow(relation.schema, relation.name, values, relation.type_oids))
+
+    def _update(self, message: Update) -> None:
+        """An updated row's new values (a replay re-entering the stream); TOAST left out."""
+        opened = self._require_open("UPDATE")
+        relation = self._relations.get(message.relid)
+        if relation is None:
+            raise WalDecodeError(f"UPDATE of relation {message.relid} never described")
+        if self.tables is not None and (relation.schema, relation.name) not in self.tables:
+            return
+        values = {
+            name: value
+            for name, value in relation.row(message.new).items()
+            if value is not Unchanged.TOAST
+        }
+        row = WalRow(relation.schema, relation.name, values, relation.type_oids, op="update")
+        opened.rows.append(row)
 
     def read(self, timeout: float) -> WalTransaction | None:
         """The next committed transaction, or None if none completed within ``timeout`` s."""

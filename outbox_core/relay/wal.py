@@ -1,0 +1,443 @@
+"""The log-tailing relay: outbox inserts read from PostgreSQL's logical slot, in commit order.
+
+One thread does it all (docs/architecture.md, Log tailing)::
+
+    txn = stream.read()              # whole committed transactions, commit order
+    events -> per-key lanes          # in memory; a key's events wait behind its head
+    outcomes = delivery.deliver(...) # the polling relay's Delivery and Breaker
+    stream.confirm(end_lsn)          # only past transactions whose events are all done
+
+Nothing is written per event: a row is touched only when its event becomes
+dead (one upsert by ``event_id``). ``outbox replay`` sets dead rows pending;
+the publication sends that update and the relay takes the rows back in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox_core.brokers.base import Broker
+from outbox_core.config import Settings
+from outbox_core.dialects.base import Dialect, delete_in_batches
+from outbox_core.dialects.postgresql.wal import (
+    SlotInUse,
+    WalConnectionError,
+    WalStream,
+    WalTransaction,
+    format_lsn,
+    validate_slot_name,
+)
+from outbox_core.dialects.postgresql.wal.table import WalTable
+from outbox_core.errors import DatabaseError
+from outbox_core.message import Event
+from outbox_core.relay.background import Due
+from outbox_core.relay.breaker import Breaker
+from outbox_core.relay.delivery import Delivery
+from outbox_core.relay.observers import RelayObserver
+from outbox_core.relay.signals import stop_on_signals
+from outbox_core.retry import Backoff, RetryPolicy
+
+log = logging.getLogger("outbox.relay")
+
+#: A standby retries a slot in use at most this far apart: it takes over within ~1 s.
+STANDBY_MAX = 1.0
+#: Longest wait between reconnections after the database went away.
+RECONNECT_MAX = 5.0
+#: Longest read wait when nothing is due (stop and retries are noticed this fast).
+READ_WAIT = 0.5
+#: An idle slot is confirmed to the server's WAL end at most this often.
+IDLE_CONFIRM = 1.0
+#: The publication of ``outbox install --source wal``: inserts, and updates for replays.
+PUBLISH = ("insert", "update")
+
+
+def wal_names(settings: Settings) -> tuple[str, str]:
+    """The slot and publication: the settings' or ``outbox_<table>`` (lower-case)."""
+    default = f"outbox_{settings.table.lower()}"[:63]
+    return validate_slot_name(settings.slot or default), settings.publication or default
+
+
+@dataclass(eq=False)
+class _Txn:
+    """A transaction read from the slot: confirmable once ``open`` reaches 0."""
+
+    end_lsn: int
+    open: int = 0
+
+
+@dataclass(eq=False)
+class _Item:
+    """One event in memory: its place in the stream, its transaction, its retries."""
+
+    seq: int
+    event: Event
+    txn: _Txn
+    lane: str
+    not_before: float = 0.0
+    attempts: int = 0
+
+
+class WalRelay:
+    """Publishes the outbox table's inserts read from a logical replication slot.
+
+    Same brokers, outcomes, :class:`Delivery` and :class:`Breaker` as the
+    polling :class:`~outbox_core.relay.Relay`; always ordered per key, in
+    commit order. ``open_stream`` makes a :class:`WalStream` (a new one after
+    each lost connection, resuming at the slot's confirmed position).
+    ``run()`` blocks until :meth:`stop` or SIGTERM/SIGINT.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        dialect: Dialect,
+        broker: Broker,
+        settings: Settings,
+        open_stream: Callable[[], WalStream],
+        *,
+        name: str = "wal",
+        retry_policy: RetryPolicy | None = None,
+        max_backlog: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.broker = broker
+        self.settings = settings
+        self.open_stream = open_stream
+        self.name = name
+        self.retry = retry_policy or RetryPolicy(
+            max_attempts=settings.max_attempts,
+            base=settings.backoff_base,
+            cap=settings.backoff_cap,
+        )
+        self.batch_size = settings.batch_size
+        #: Events held in memory before reading pauses (the stream is kept alive meanwhile).
+        self.max_backlog = max_backlog or max(10 * self.batch_size, 1000)
+        self.observers: list[RelayObserver] = []
+        self.breaker = Breaker(broker, self.observers)
+        # runs=True: a key's later events in a batch go only once its earlier one is accepted.
+        self.delivery = Delivery(broker, ordered=True, runs=True)
+        self.stream: WalStream | None = None
+        self._stop = threading.Event()
+        self._seq = itertools.count()
+        self._txns: deque[_Txn] = deque()
+        self._lanes: dict[str, deque[_Item]] = {}
+        self._held = 0
+        #: Keys with a dead event (block_on_dead): their later events are held dead too.
+        self.dead_keys: set[str] = set()
+        self._dead_keys_loaded = False
+        self._idle_confirmed_at = 0.0
+        self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
+        #: The table's statements for log tailing (refuses a database but PostgreSQL).
+        self.table = WalTable(dialect)
+        #: Counters for tests and logs: published (broker-confirmed), dead, duplicates unknown.
+        self.published = 0
+        self.dead = 0
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        """Events read and not done yet (published nor dead)."""
+        return self._held
+
+    def _replayed(self, ids: Sequence[int]) -> list[tuple[Event, datetime]]:
+        """Rows ``outbox replay`` set pending, read back from the table."""
+        with self.engine.connect() as conn:
+            return self.table.replayed(conn, ids, self.name)
+
+    def _intake(self, txn: WalTransaction) -> None:
+        """Put a transaction's events in their lanes; kill those of dead keys."""
+        pending = [r for r in txn.rows if self.table.is_pending(r)]
+        # Our own dead-marking (state DEAD) is in the log too: only a return to pending counts.
+        replays = [int(str(r.values["id"])) for r in pending if r.op == "update"]
+        events = [self.table.event(r, self.name) for r in pending if r.op == "insert"]
+        if replays:
+            events += self._replayed(replays)
+        record = _Txn(txn.end_lsn)
+        self._txns.append(record)
+        now, wall = time.monotonic(), datetime.now(UTC)
+        for event, available_at in events:
+            if replays and event.key is not None and event.id in replays:
+                self.dead_keys.discard(event.key)  # replayed: the key goes on
+            lane = event.key if event.key is not None else f"\0{event.event_id}"
+            # enqueue(delay=): the event waits (TIMESTAMPTZ: aware from the log and the table).
+            wait = max(0.0, (available_at - wall).total_seconds())
+            item = _Item(next(self._seq), event, record, lane, not_before=now + wait)
+            self._lanes.setdefault(lane, deque()).append(item)
+            record.open += 1
+            self._held += 1
+        if self.dead_keys:
+            blocked = [key for key in self.dead_keys if key in self._lanes]
+            if blocked:
+                self._kill([], blocked=blocked)
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _due(self, now: float) -> list[_Item]:
+        """The next batch: each lane's due run from its head, in stream order."""
+        runs: list[_Item] = []
+        for items in self._lanes.values():
+            for taken, item in enumerate(items):
+                if item.not_before > now or taken >= self.batch_size:
+                    break
+                runs.append(item)
+        runs.sort(key=lambda i: i.seq)
+        return runs[: self.batch_size]
+
+    def _next_due(self) -> float | None:
+        """Monotonic time the earliest lane head becomes due (None: nothing held)."""
+        return min((items[0].not_before for items in self._lanes.values()), default=None)
+
+    def _publish(self, batch: Sequence[_Item]) -> None:
+        """Publish one batch and settle it in memory (dead ones in the table)."""
+        outcomes = self.delivery.deliver([i.event for i in batch])
+        self.breaker.note(outcomes)
+        now = time.monotonic()
+        dead: list[tuple[_Item, str]] = []
+        for item, outcome in zip(batch, outcomes, strict=True):
+            if outcome is None or outcome.is_unavailable:
+                continue  # not published, or an outage: no attempt spent
+            if outcome.is_ok:
+                self._done(item)
+                self.published += 1
+                continue
+            item.attempts += 1
+            error = outcome.error or outcome.kind.value
+            delay = self.retry.next_try(item.attempts, outcome)
+            if delay is None:
+                dead.append((item, error))
+            else:
+                item.not_before = now + delay
+                log.warning(
+                    "event %s (%s) retries in %.1fs: %s",
+                    item.event.event_id,
+                    item.event.topic,
+                    delay,
+                    error,
+                    extra={"event_id": item.event.event_id, "topic": item.event.topic},
+                )
+        if dead:
+            self._kill(dead)
+
+    def _done(self, item: _Item) -> None:
+        lane = self._lanes[item.lane]
+        # Outcomes come in stream order and a key's later event goes only after its
+        # earlier one was accepted: what is done is always its lane's head.
+        assert lane[0] is item
+        lane.popleft()
+        if not lane:
+            del self._lanes[item.lane]
+        item.txn.open -= 1
+        self._held -= 1
+
+    def _kill(self, dead: Sequence[tuple[_Item, str]], *, blocked: Iterable[str] = ()) -> None:
+        """Mark events dead in the table (one upsert each, one transaction), then forget them.
+
+        With ``block_on_dead`` a dead event's key is held: its events in memory,
+        and those read later, are made dead behind it (``outbox replay --key``
+        brings them back together, in id order).
+        """
+        doomed = list(dead)
+        keys = set(blocked)
+        if self.settings.block_on_dead:
+            keys |= {i.event.key for i, _ in dead if i.event.key is not None}
+        named = {id(i) for i, _ in doomed}
+        for key in keys:
+            for item in self._lanes.get(key, ()):
+                if id(item) not in named:
+                    doomed.append((item, f"held: an earlier event of key {key!r} is dead"))
+        with self.engine.connect() as conn:
+            self.table.mark_dead(conn, [(i.event, i.attempts, error) for i, error in doomed])
+        self.dead_keys |= keys
+        for item, error in doomed:
+            lane = self._lanes.get(item.lane)
+            if lane is not None:
+                lane.remove(item)
+                if not lane:
+                    del self._lanes[item.lane]
+            item.txn.open -= 1
+            self._held -= 1
+            self.dead += 1
+            log.error(
+                "event %s (%s) is dead: %s",
+                item.event.event_id,
+                item.event.topic,
+                error,
+                extra={"event_id": item.event.event_id, "topic": item.event.topic},
+            )
+
+    # -- confirming ---------------------------------------------------------------------
+
+    def _confirm(self, stream: WalStream) -> None:
+        """Confirm past every transaction whose events, and every earlier one's, are done."""
+        lsn = None
+        while self._txns and self._txns[0].open == 0:
+            lsn = self._txns.popleft().end_lsn
+        if lsn is not None:
+            stream.confirm(lsn)
+            log.debug("confirmed %s", format_lsn(lsn))
+        elif not self._txns and time.monotonic() - self._idle_confirmed_at > IDLE_CONFIRM:
+            # Nothing in flight: let the slot drop WAL of changes nobody watches.
+            self._idle_confirmed_at = time.monotonic()
+            idle = stream.idle_lsn
+            if idle is not None:
+                stream.confirm(idle)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the batch in flight (thread-safe)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested."""
+        return self._stop.is_set()
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Relay until :meth:`stop` or SIGTERM/SIGINT; return normally (exit code 0)."""
+        try:
+            with stop_on_signals(self.stop, install=install_signal_handlers):
+                log.info("wal relay %s started (batch %d)", self.name, self.batch_size)
+                self.breaker.probe_at_start()
+                self._loop()
+        finally:
+            self.close()
+            log.info(
+                "wal relay %s stopped (%d published, %d dead)",
+                self.name,
+                self.published,
+                self.dead,
+            )
+
+    def _loop(self) -> None:
+        lost = Backoff(0.2, RECONNECT_MAX, jitter=0.2)
+        while not self.stopping:
+            try:
+                if self.stream is None:
+                    self.stream = self._connect()
+                    if self.stream is None:
+                        return
+                    lost.reset()
+                self.step(self.stream)
+            except (WalConnectionError, DatabaseError, sa.exc.OperationalError) as exc:
+                # The database restarted or the connection broke: what was not confirmed
+                # comes again from the slot's confirmed position (at least once).
+                log.warning("connection lost (%s): reconnecting to the slot", _short(exc))
+                self._forget()
+                self._stop.wait(lost.next())
+
+    def _connect(self) -> WalStream | None:
+        """A new stream; waits as a standby while another relay reads the slot."""
+        standby = Backoff(0.1, STANDBY_MAX, jitter=0.2)
+        waiting = False
+        while not self.stopping:
+            try:
+                stream = self.open_stream()
+            except SlotInUse:
+                if not waiting:
+                    log.info("slot in use by another relay: standing by to take over")
+                    waiting = True
+                self._stop.wait(standby.next())
+                continue
+            if waiting:
+                log.info("slot taken over: relaying")
+            if not self._dead_keys_loaded and self.settings.block_on_dead:
+                self._load_dead_keys()
+            return stream
+        return None
+
+    def _load_dead_keys(self) -> None:
+        """Keys with dead rows in the table hold their later events (as the polling relay)."""
+        with self.engine.connect() as conn:
+            self.dead_keys |= self.table.dead_keys(conn)
+        self._dead_keys_loaded = True
+
+    def step(self, stream: WalStream) -> None:
+        """Read what arrived, publish one batch, confirm; keep the stream alive while down."""
+        if not self.breaker.ready():
+            # Broker down: read nothing more, answer the server's keepalives, spend nothing.
+            stream.keep_alive()
+            self._stop.wait(min(0.2, max(0.01, self.breaker.until_probe())))
+            return
+        now = time.monotonic()
+        due = self._next_due()
+        wait = READ_WAIT if due is None else min(READ_WAIT, max(0.0, due - now))
+        taken = 0
+        while self._held < self.max_backlog and taken < self.batch_size:
+            txn = stream.read(wait)
+            if txn is None:
+                break
+            before = self._held
+            self._intake(txn)
+            taken += self._held - before + 1
+            wait = 0.0
+        batch = self._due(time.monotonic())
+        if batch:
+            self._publish(batch)
+        elif self._held >= self.max_backlog:
+            # Full, and every lane waits for a retry: answer the server, then wait for it.
+            stream.keep_alive()
+            self._stop.wait(wait)
+        self._confirm(stream)
+        if self._cleanup.ready(time.monotonic()):
+            self.cleanup()
+
+    def cleanup(self) -> int:
+        """Delete rows older than ``cleanup_after`` whatever their state but dead (at most
+        10 batches): their events came from the log (:meth:`WalTable.cleanup`)."""
+        with self.engine.connect() as conn:
+            total = delete_in_batches(
+                lambda n: self.table.cleanup(conn, older_than=self.settings.cleanup_after, batch=n),
+                batch=self.settings.cleanup_batch,
+                max_batches=10,
+            )
+        if total:
+            log.info("cleanup removed %d relayed rows", total, extra={"count": total})
+        return total
+
+    def _forget(self) -> None:
+        """Drop the stream and everything read from it (it comes again from the slot)."""
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        self._txns.clear()
+        self._lanes.clear()
+        self._held = 0
+
+    def close(self) -> None:
+        """Close the stream (nothing unconfirmed is confirmed) and the broker."""
+        self._forget()
+        try:
+            self.broker.close()
+        except Exception:
+            log.exception("closing the broker failed")
+
+    def __enter__(self) -> WalRelay:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _short(exc: BaseException) -> str:
+    from outbox_core.redaction import redact
+
+    return redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:300]
