@@ -136,7 +136,6 @@ class WalRelay:
         self._held = 0
         #: Keys with a dead event (block_on_dead): their later events are held dead too.
         self.dead_keys: set[str] = set()
-        self._dead_keys_loaded = False
         self._idle_confirmed_at = 0.0
         self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
         #: The table's statements for log tailing (refuses a database but PostgreSQL).
@@ -165,12 +164,14 @@ class WalRelay:
         events = [self.table.event(r, self.name) for r in pending if r.op == "insert"]
         if replays:
             events += self._replayed(replays)
+            if self.settings.block_on_dead:
+                # Replaying one dead event of a key while others of it stay
+                # dead does not free the key: the table says which keys stay held.
+                self._load_dead_keys()
         record = _Txn(txn.end_lsn)
         self._txns.append(record)
         now, wall = time.monotonic(), datetime.now(UTC)
         for event, available_at in events:
-            if replays and event.key is not None and event.id in replays:
-                self.dead_keys.discard(event.key)  # replayed: the key goes on
             lane = event.key if event.key is not None else f"\0{event.event_id}"
             # enqueue(delay=): the event waits (TIMESTAMPTZ: aware from the log and the table).
             wait = max(0.0, (available_at - wall).total_seconds())
@@ -354,7 +355,9 @@ class WalRelay:
                 continue
             if waiting:
                 log.info("slot taken over: relaying")
-            if not self._dead_keys_loaded and self.settings.block_on_dead:
+            if self.settings.block_on_dead:
+                # At every (re)connect: while this relay stood by, another
+                # may have relayed a replay of a key held here.
                 self._load_dead_keys()
             return stream
         return None
@@ -362,8 +365,7 @@ class WalRelay:
     def _load_dead_keys(self) -> None:
         """Keys with dead rows in the table hold their later events (as the polling relay)."""
         with self.engine.connect() as conn:
-            self.dead_keys |= self.table.dead_keys(conn)
-        self._dead_keys_loaded = True
+            self.dead_keys = self.table.dead_keys(conn)
 
     def step(self, stream: WalStream) -> None:
         """Read what arrived, publish one batch, confirm; keep the stream alive while down."""

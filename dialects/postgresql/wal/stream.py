@@ -761,12 +761,20 @@ class WalStream:
             yield txn
 
     def keep_alive(self) -> None:
-        """Answer the server without waiting (for long work between reads).
+        """Answer the server without waiting (for long work between reads, an outage).
 
-        Messages already arrived are read and kept for :meth:`read`.
+        Reads on only until one whole transaction waits for :meth:`read`:
+        a reader that paused must not buffer the log in memory (TCP then
+        holds the server back). Past that, a status update alone keeps the
+        server from timing the reader out.
         """
-        while self._poll():
+        while not self._ready and self._poll():
             pass
+        if self._ready:
+            try:
+                self._cursor.send_feedback(force=True)
+            except self._pg.Error as exc:
+                raise self._stream_error(exc) from exc
 
     def confirm(self, lsn: int) -> None:
         """Tell the server everything up to ``lsn`` is handled: the slot may move past it.

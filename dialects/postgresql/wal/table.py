@@ -50,6 +50,9 @@ class WalTable:
                 "lease_owner": None,
                 "lease_until": None,
             },
+            # A row dead already keeps its first cause: after a reconnect the
+            # relay reads it again and holds it behind its own key.
+            where=self.table.c.state != int(State.DEAD),
         )
 
     def event(self, row: WalRow, token: str) -> tuple[Event, datetime]:
