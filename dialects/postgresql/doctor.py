@@ -209,7 +209,10 @@ def log_tailing(ctx: DoctorContext) -> Iterable[Finding]:
         "wal_status": facts.wal_status,
         "safe_wal_size": facts.safe_wal_size,
     }
-    problems = check_ready(ctx.conn, slot=slot, publication=publication)
+    table = ctx.outbox.table
+    problems = check_ready(
+        ctx.conn, slot=slot, publication=publication, table=(table.schema, table.name)
+    )
     if problems:
         yield Finding(
             "log_tailing",

@@ -111,7 +111,8 @@ def wal_relay(outbox: Outbox, broker: Broker, settings: Settings, name: str | No
     """A :class:`WalRelay` of the outbox, after checking the server, slot and publication."""
     slot, publication = wal_names(settings)
     with _connect(outbox) as conn:
-        problems = check_ready(conn, slot=slot, publication=publication)
+        table = (outbox.table.schema, outbox.table.name)
+        problems = check_ready(conn, slot=slot, publication=publication, table=table)
         schema = outbox.table.schema or str(
             conn.execute(sa.text("SELECT current_schema()")).scalar()
         )

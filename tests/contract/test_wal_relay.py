@@ -698,3 +698,20 @@ def test_the_doctor_reports_the_slot_unread_then_read_and_errs_past_the_retained
     assert found["severity"] == "ok" and "relayed by polling" in found["message"]
     code, found = finding("--source", "wal", "--slot", "outbox_no_such_slot")
     assert found["severity"] == "error" and code == 1
+
+
+def test_a_publication_without_updates_or_the_table_is_refused(feed: Feed) -> None:
+    """Replays reach the relay as updates: a publication of inserts only would lose them.
+
+    (The publication is named as the slot, ``outbox_<table>``.)
+    """
+    args = ("relay", "--db", feed.server.url, "--table", feed.outbox.table.name)
+    with feed.outbox.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER PUBLICATION {feed.slot} SET (publish = 'insert')"))
+    error = one_error(run(*args, "--source", "wal", "--broker", "memory://"))
+    assert "does not publish updates" in error, error
+    with feed.outbox.engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER PUBLICATION {feed.slot} SET (publish = 'insert, update')"))
+        conn.execute(sa.text(f"ALTER PUBLICATION {feed.slot} DROP TABLE {feed.outbox.table.name}"))
+    error = one_error(run(*args, "--source", "wal", "--broker", "memory://"))
+    assert f"does not publish table {feed.outbox.table.name!r}" in error, error

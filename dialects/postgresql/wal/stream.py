@@ -319,12 +319,20 @@ def slot_facts(conn: sa.Connection, name: str) -> SlotFacts | None:
     )
 
 
-def check_ready(conn: sa.Connection, *, slot: str, publication: str) -> list[WalError]:
+def check_ready(
+    conn: sa.Connection,
+    *,
+    slot: str,
+    publication: str,
+    table: tuple[str | None, str] | None = None,
+) -> list[WalError]:
     """Every reason a :class:`WalStream` of ``slot`` / ``publication`` would be refused.
 
     An empty list when the server is ready: ``wal_level = logical``, the role
     may replicate, the slot exists as a ``pgoutput`` slot of this database
-    that has kept its WAL, the publication exists.
+    that has kept its WAL, the publication exists and, given ``table``
+    (schema, name; schema None: the current one), publishes that table's
+    inserts and updates (a replay reaches the relay as an update).
     """
     problems: list[WalError] = []
     try:
@@ -356,6 +364,26 @@ def check_ready(conn: sa.Connection, *, slot: str, publication: str) -> list[Wal
         )
     if not publication_exists(conn, publication):
         problems.append(PublicationMissing(f"publication {publication!r} does not exist"))
+    elif table is not None:
+        row = conn.execute(
+            sa.text(
+                "SELECT p.pubinsert, p.pubupdate, EXISTS (SELECT 1 FROM pg_publication_tables t "
+                "WHERE t.pubname = p.pubname AND t.schemaname = COALESCE(:schema, "
+                "current_schema()) AND t.tablename = :table) FROM pg_publication p "
+                "WHERE p.pubname = :name"
+            ),
+            {"name": publication, "schema": table[0], "table": table[1]},
+        ).one()
+        missing = [what for what, ok in zip(("inserts", "updates"), row[:2], strict=True) if not ok]
+        if not row[2]:
+            missing.insert(0, f"table {table[1]!r}")
+        if missing:
+            problems.append(
+                PublicationMissing(
+                    f"publication {publication!r} does not publish {' or '.join(missing)} "
+                    "(ALTER PUBLICATION ... ADD TABLE / SET (publish = 'insert, update'))"
+                )
+            )
     return problems
 
 
