@@ -161,10 +161,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     """Under pytest-xdist, a test marked ``alone`` waits for the other workers' tests and
     holds theirs back until it is done (setup and teardown included)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process: every test runs alone anyway
+    # An xdist worker has workerinput; a pytest a test starts (the Django
+    # suites) inherits the worker's environment but is not one, and must not
+    # queue behind the test that started it.
+    worker = getattr(item.config, "workerinput", None)
+    if worker is None:  # one process: every test runs alone anyway
         yield
         return
+    run = str(worker["testrunuid"])
     with _turn(
         Path(tempfile.gettempdir()) / f"outbox-pytest-{run}",
         alone=bool(item.get_closest_marker("alone")),
