@@ -29,7 +29,16 @@ Metrics (Prometheus naming conventions):
 ``outbox_partitions_owned``                    gauge      partitioned ordering: this relay's share
 ``outbox_partition_changes_total``             counter    times this relay's share changed
 ``outbox_partition_oldest_pending_seconds``    gauge      oldest pending event of its partitions
+``outbox_wal_lag_bytes``                       gauge      log tailing: WAL since the slot's
+                                                          confirmed position (scrape time)
+``outbox_wal_retained_bytes``                  gauge      log tailing: WAL the slot keeps
+``outbox_wal_held_events``                     gauge      log tailing: read, not yet published
+``outbox_wal_oldest_unpublished_seconds``      gauge      log tailing: oldest event held
 =============================================  =========  ==================================
+
+With ``--source wal`` rows stay pending once published, so the table's
+pending gauges are not served (dead events are); the claim and mark
+histograms stay empty (nothing is claimed or marked).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
@@ -56,7 +65,30 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
+    from outbox_core.config import Settings
     from outbox_core.outbox import Outbox
+    from outbox_core.relay.wal import WalRelay
+
+
+class Served(Protocol):
+    """What ``/metrics`` and ``/healthz`` read of a relay, polling or log tailing."""
+
+    name: str
+    observers: list[RelayObserver]
+    settings: Settings
+
+    @property
+    def broker_state(self) -> BrokerState:
+        """Is the broker up, since when, why not."""
+
+    @property
+    def database_state(self) -> DatabaseState:
+        """Is the database reachable, since when, why not."""
+
+    @property
+    def last_cycle_at(self) -> float:
+        """``time.time()`` of the last finished cycle or broker probe."""
+
 
 log = logging.getLogger("outbox.metrics")
 
@@ -187,9 +219,11 @@ class RelayMetrics(RelayObserver):
 class BacklogCollector:
     """Gauges read from the outbox table at scrape time (cached for a few seconds)."""
 
-    def __init__(self, outbox: Outbox, max_age: float = 5.0) -> None:
+    def __init__(self, outbox: Outbox, max_age: float = 5.0, *, pending: bool = True) -> None:
         self.outbox = outbox
         self.max_age = max_age
+        #: False for log tailing: rows stay pending once published.
+        self.pending = pending
         self._cached: tuple[float, int, float, int] | None = None
         self._at = 0.0
         self._lock = threading.Lock()
@@ -216,10 +250,13 @@ class BacklogCollector:
         except OutboxError as exc:
             log.warning("backlog gauges unavailable: %s", exc)
             return
-        yield GaugeMetricFamily("outbox_pending_events", "Pending events in the table.", pending)
-        yield GaugeMetricFamily(
-            "outbox_oldest_pending_age_seconds", "Age of the oldest pending event.", age
-        )
+        if self.pending:
+            yield GaugeMetricFamily(
+                "outbox_pending_events", "Pending events in the table.", pending
+            )
+            yield GaugeMetricFamily(
+                "outbox_oldest_pending_age_seconds", "Age of the oldest pending event.", age
+            )
         yield GaugeMetricFamily("outbox_dead_events", "Dead events in the table.", dead)
 
 
@@ -259,18 +296,78 @@ class PartitionCollector:
         )
 
 
-class MetricsServer:
-    """Serves ``/metrics`` and ``/healthz`` for one relay on a background thread."""
+class WalCollector:
+    """Log tailing: the slot's lag (read at scrape time) and what the relay holds."""
 
-    def __init__(self, outbox: Outbox, relay: Relay, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, relay: WalRelay, slot: str) -> None:
+        self.relay = relay
+        self.slot = slot
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the relay's gauges, and the slot's when the database answers."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from outbox_core.dialects.postgresql.wal import slot_facts
+
+        relay = self.relay
+        yield GaugeMetricFamily(
+            "outbox_wal_held_events", "Events read from the slot, not yet published.", relay.held
+        )
+        oldest = relay.oldest_held()
+        age = 0.0 if oldest is None else (datetime.now(UTC) - oldest).total_seconds()
+        yield GaugeMetricFamily(
+            "outbox_wal_oldest_unpublished_seconds",
+            "Age (created_at) of the oldest event read and not yet published.",
+            max(0.0, age),
+        )
+        try:
+            with relay.engine.connect() as conn:
+                facts = slot_facts(conn, self.slot)
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("slot gauges unavailable: %s", redact(str(exc)))
+            return
+        if facts is None:
+            return
+        yield GaugeMetricFamily(
+            "outbox_wal_lag_bytes",
+            "WAL written since the slot's confirmed position.",
+            facts.lag_bytes or 0,
+        )
+        yield GaugeMetricFamily(
+            "outbox_wal_retained_bytes",
+            "WAL the slot keeps on the server's disk.",
+            facts.retained_bytes or 0,
+        )
+
+
+class MetricsServer:
+    """Serves ``/metrics`` and ``/healthz`` for one relay on a background thread.
+
+    ``slot`` names the replication slot of a log-tailing relay (``--source wal``).
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        relay: Served,
+        port: int,
+        host: str = "0.0.0.0",
+        *,
+        slot: str | None = None,
+    ) -> None:
         prom = _prometheus()
         self.registry = prom.CollectorRegistry()
         self.relay = relay
         self.outbox = outbox
         relay.observers.append(RelayMetrics(self.registry))
-        self.registry.register(BacklogCollector(outbox))
-        if relay.membership is not None:
+        self.registry.register(BacklogCollector(outbox, pending=slot is None))
+        if isinstance(relay, Relay) and relay.membership is not None:
             self.registry.register(PartitionCollector(relay, relay.membership))
+        if slot is not None:
+            from outbox_core.relay.wal import WalRelay
+
+            assert isinstance(relay, WalRelay)
+            self.registry.register(WalCollector(relay, slot))
         self.started = time.time()
         # Healthy while a cycle finished within this many seconds.
         self.stale_after = max(30.0, 3 * relay.settings.max_poll_interval + relay.settings.lease)

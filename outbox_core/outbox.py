@@ -136,6 +136,8 @@ class Status:
     broker: dict[str, Any] | None = None
     #: Ordered relays by key partitions: each one's share and heartbeat age.
     relays: list[RelayShare] = field(default_factory=list)
+    #: ``--source wal``: the slot, its lag and its relay's report (``SlotStatus`` as a dict).
+    log_tailing: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -21,7 +21,13 @@ from outbox_core.cli.options import (
     settings_from,
 )
 from outbox_core.cli.render import render_status
-from outbox_core.cli.wal import check_wal, install_wal, source_options, uninstall_wal
+from outbox_core.cli.wal import (
+    check_wal,
+    install_wal,
+    source_options,
+    uninstall_wal,
+    wal_status,
+)
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import parse_duration
 from outbox_core.redaction import mask_url
@@ -96,6 +102,7 @@ def schema(dialect: str, table: str, schema: str | None) -> None:
     help="Also probe this broker (up or down, and why; exit 1 when down) [env OUTBOX_BROKER_URL].",
 )
 @broker_option
+@source_options
 @handle_errors
 def status(
     config_file: str | None,
@@ -107,7 +114,9 @@ def status(
     """Counts per state, oldest pending age, rates, dead events per topic, the broker.
 
     Exits 1 when the broker given with ``--broker`` does not answer, so a
-    health check or a script can tell.
+    health check or a script can tell. ``--source wal``: the replication
+    slot instead of pending counts (rows stay pending in that mode): its lag,
+    its relay and the oldest unpublished event's age.
     """
     settings = settings_from(config_file, **values)
     options = parse_broker_options(broker_options)
@@ -115,6 +124,9 @@ def status(
     try:
         while True:
             result = outbox.status()
+            if settings.source == "wal":
+                tailing = dataclasses.asdict(wal_status(outbox, settings))
+                result = dataclasses.replace(result, log_tailing=tailing)
             broker = None
             if settings.broker_url:
                 broker = probe_broker(settings.broker_url, options)

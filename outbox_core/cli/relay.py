@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +21,11 @@ from outbox_core.cli.options import (
 from outbox_core.cli.wal import source_options, wal_relay
 from outbox_core.errors import ConfigurationError
 from outbox_core.redaction import mask_url
+from outbox_core.relay.wal import wal_names
+
+if TYPE_CHECKING:
+    from outbox_core.metrics import MetricsServer, Served
+    from outbox_core.outbox import Outbox
 
 
 @click.command()
@@ -77,18 +82,21 @@ def relay(
         mask_url(settings.broker_url),
     )
     if settings.source == "wal":
-        if once or metrics_port is not None:
-            raise ConfigurationError(
-                "--source wal runs until SIGTERM: no --once, no --metrics-port"
-            )
+        if once:
+            raise ConfigurationError("--source wal runs until SIGTERM: no --once")
         broker = create_broker(settings.broker_url, **options)
         try:
             tailing = wal_relay(outbox, broker, settings, name)  # not PostgreSQL: refused first
             outbox.check()
+            server = _serve_metrics(outbox, tailing, metrics_port, wal_names(settings)[0])
         except BaseException:
             broker.close()
             raise
-        tailing.run()
+        try:
+            tailing.run()
+        finally:
+            if server is not None:
+                server.stop()
         return
     # The broker's URL and options first (a mistake there needs no database),
     # then the database and the table; run() probes the broker before its first claim.
@@ -101,18 +109,11 @@ def relay(
     except BaseException:
         relay.close()
         raise
-    server = None
-    if metrics_port is not None:
-        from outbox_core.metrics import MetricsServer
-
-        try:
-            server = MetricsServer(outbox, relay, metrics_port).start()
-        except OSError as exc:
-            relay.close()
-            raise ConfigurationError(
-                f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror or exc}); "
-                "another relay or program has it: pick another port"
-            ) from None
+    try:
+        server = _serve_metrics(outbox, relay, metrics_port)
+    except BaseException:
+        relay.close()
+        raise
     try:
         if once:
             result = relay.run_once()
@@ -125,3 +126,20 @@ def relay(
     finally:
         if server is not None:
             server.stop()
+
+
+def _serve_metrics(
+    outbox: Outbox, relay: Served, port: int | None, slot: str | None = None
+) -> MetricsServer | None:
+    """``--metrics-port``: serve /metrics and /healthz (None without the flag)."""
+    if port is None:
+        return None
+    from outbox_core.metrics import MetricsServer
+
+    try:
+        return MetricsServer(outbox, relay, port, slot=slot).start()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--metrics-port {port}: cannot listen there ({exc.strerror or exc}); "
+            "another relay or program has it: pick another port"
+        ) from None

@@ -28,11 +28,51 @@ def broker_line(probe: dict[str, Any]) -> str:
     return f"broker {probe['url']}: {state}"
 
 
+def format_bytes(n: int | None) -> str:
+    """A byte count in the unit that reads best (``-`` for none)."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def render_log_tailing(t: dict[str, Any]) -> list[str]:
+    """The slot's lines (``outbox status --source wal``)."""
+    if not t["exists"]:
+        return [f"replication slot {t['slot']!r}: missing (`outbox install --source wal`)"]
+    reader = f"read by pid {t['reader_pid']}" if t["active"] else "NOT READ: no relay is connected"
+    lines = [
+        f"replication slot {t['slot']!r}: {reader}, confirmed {t['confirmed_lsn'] or '-'}",
+        f"slot lag: {format_bytes(t['lag_bytes'])} of WAL since its confirmed position, "
+        f"{format_bytes(t['retained_bytes'])} retained on the server",
+    ]
+    oldest = format_age(t["oldest_unpublished_age"])
+    if t["report_age"] is None:
+        lines.append("oldest unpublished: unknown (no relay has reported yet)")
+    elif t["estimated"]:
+        lines.append(
+            f"oldest unpublished: {oldest} (estimated: relay {t['relay']} last reported "
+            f"{format_age(t['report_age'])} ago)"
+        )
+    else:
+        lines.append(f"oldest unpublished: {oldest} ({t['held']} held by relay {t['relay']})")
+    return lines
+
+
 def render_status(status: Status) -> str:
     """The status as a readable table."""
     lines = ["state     events"]
     lines += [f"{state:<9} {n:>6}" for state, n in status.counts.items()]
-    lines.append(f"oldest pending: {format_age(status.oldest_pending_age)}")
+    if status.log_tailing is not None:
+        # Log tailing leaves rows pending: the slot says what is unpublished.
+        lines.append("(log tailing: rows stay pending in the table once published)")
+        lines += render_log_tailing(status.log_tailing)
+    else:
+        lines.append(f"oldest pending: {format_age(status.oldest_pending_age)}")
     lines.append(
         f"last minute: {status.created_last_minute} in, {status.sent_last_minute} out"
         f" ({status.created_last_minute / 60:.1f}/s in, {status.sent_last_minute / 60:.1f}/s out)"

@@ -28,7 +28,7 @@ from outbox_core.dialects.postgresql.wal import (
     require_logical_wal,
     slot_facts,
 )
-from outbox_core.dialects.postgresql.wal.table import WalTable
+from outbox_core.dialects.postgresql.wal.table import SlotStatus, WalTable
 from outbox_core.outbox import Outbox
 from outbox_core.redaction import mask_url
 from outbox_core.relay.wal import PUBLISH, WalRelay, wal_names
@@ -89,6 +89,8 @@ def install_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool, boo
             conn, publication, table=table.name, schema=schema, publish=PUBLISH
         )
         conn.commit()
+        # Where the relay reports its progress for `outbox status`.
+        WalTable(outbox.dialect).create_progress(conn)
         made_slot = slot_facts(conn, slot) is None
         if made_slot:
             conn.commit()  # a slot is created in a transaction that wrote nothing
@@ -105,6 +107,13 @@ def uninstall_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool]:
         drop_publication(conn, publication)
         conn.commit()
     return slot, publication, dropped
+
+
+def wal_status(outbox: Outbox, settings: Settings) -> SlotStatus:
+    """The slot, its lag, its relay's last report (``outbox status --source wal``)."""
+    slot, _ = wal_names(settings)
+    with _connect(outbox, logical=False) as conn:
+        return WalTable(outbox.dialect).slot_status(conn, slot)
 
 
 def wal_relay(outbox: Outbox, broker: Broker, settings: Settings, name: str | None) -> WalRelay:

@@ -10,6 +10,8 @@ One thread does it all (docs/architecture.md, Log tailing)::
 Nothing is written per event: a row is touched only when its event becomes
 dead (one upsert by ``event_id``). ``outbox replay`` sets dead rows pending;
 the publication sends that update and the relay takes the rows back in.
+Once a second at most the relay reports its progress in ``<table>_wal``
+(its confirmed position and the oldest event it holds) for ``outbox status``.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ from outbox_core.dialects.postgresql.wal import (
 )
 from outbox_core.dialects.postgresql.wal.table import WalTable
 from outbox_core.errors import DatabaseError
-from outbox_core.message import Event
+from outbox_core.message import CycleResult, Event, Failure, Outcome
 from outbox_core.relay.background import Due
 from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.signals import stop_on_signals
+from outbox_core.relay.state import BrokerState, DatabaseState
 from outbox_core.retry import Backoff, RetryPolicy
 
 log = logging.getLogger("outbox.relay")
@@ -60,6 +63,8 @@ READ_WAIT = 0.5
 IDLE_CONFIRM = 1.0
 #: The publication of ``outbox install --source wal``: inserts, and updates for replays.
 PUBLISH = ("insert", "update")
+#: The relay's progress row in ``<table>_wal`` is written at most this often.
+REPORT_EVERY = 1.0
 
 
 def wal_names(settings: Settings) -> tuple[str, str]:
@@ -138,18 +143,53 @@ class WalRelay:
         self.dead_keys: set[str] = set()
         self._idle_confirmed_at = 0.0
         self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
+        self._report = Due(REPORT_EVERY)
+        self._reporting = True
         #: The table's statements for log tailing (refuses a database but PostgreSQL).
         self.table = WalTable(dialect)
+        #: Partitioned ordering does not apply (``/metrics`` asks).
+        self.membership = None
+        self._database = DatabaseState()
+        self._last_cycle_at = 0.0
         #: Counters for tests and logs: published (broker-confirmed), dead, duplicates unknown.
         self.published = 0
         self.dead = 0
 
-    # -- reading ------------------------------------------------------------------------
+    # -- state ------------------------------------------------------------------------
 
     @property
     def held(self) -> int:
         """Events read and not done yet (published nor dead)."""
         return self._held
+
+    @property
+    def broker_state(self) -> BrokerState:
+        """Is the broker up? (``/healthz``)"""
+        return self.breaker.state
+
+    @property
+    def database_state(self) -> DatabaseState:
+        """Could the database, or its replication connection, be reached last time?"""
+        return self._database
+
+    @property
+    def last_cycle_at(self) -> float:
+        """``time.time()`` of the last finished step or broker probe (health checks)."""
+        return max(self._last_cycle_at, self.breaker.probed_at)
+
+    def oldest_held(self) -> datetime | None:
+        """``created_at`` of the oldest event read and not published (None: none held)."""
+        # A lane is in commit order: its head is its oldest.
+        return min((items[0].event.created_at for items in self._lanes.values()), default=None)
+
+    def _database_is(self, up: bool, error: str | None = None) -> None:
+        if self._database.up == up:
+            return
+        self._database = DatabaseState(up=up, error=error)
+        for observer in self.observers:
+            observer.database_changed(self._database)
+
+    # -- reading ------------------------------------------------------------------------
 
     def _replayed(self, ids: Sequence[int]) -> list[tuple[Event, datetime]]:
         """Rows ``outbox replay`` set pending, read back from the table."""
@@ -205,11 +245,17 @@ class WalRelay:
         """Publish one batch and settle it in memory (dead ones in the table)."""
         outcomes = self.delivery.deliver([i.event for i in batch])
         self.breaker.note(outcomes)
-        now = time.monotonic()
+        started = now = time.monotonic()
         dead: list[tuple[_Item, str]] = []
+        # For the observers (metrics), as the polling relay reports a settle.
+        answered: list[tuple[Event, Outcome]] = []
+        failures: list[Failure] = []
+        unavailable = 0
         for item, outcome in zip(batch, outcomes, strict=True):
             if outcome is None or outcome.is_unavailable:
+                unavailable += 1
                 continue  # not published, or an outage: no attempt spent
+            answered.append((item.event, outcome))
             if outcome.is_ok:
                 self._done(item)
                 self.published += 1
@@ -217,6 +263,7 @@ class WalRelay:
             item.attempts += 1
             error = outcome.error or outcome.kind.value
             delay = self.retry.next_try(item.attempts, outcome)
+            failures.append(Failure(item.event.id, error, delay))
             if delay is None:
                 dead.append((item, error))
             else:
@@ -231,6 +278,26 @@ class WalRelay:
                 )
         if dead:
             self._kill(dead)
+        seconds = time.monotonic() - started
+        for observer in self.observers:
+            if answered:
+                observer.settled(
+                    [e for e, _ in answered],
+                    [o for _, o in answered],
+                    failures,
+                    sent=len(answered) - len(failures),
+                    lost=0,
+                    seconds=seconds,
+                )
+            observer.cycle(
+                CycleResult(
+                    claimed=len(batch),
+                    sent=len(answered) - len(failures),
+                    retried=len(failures) - len(dead),
+                    dead=len(dead),
+                    unavailable=unavailable,
+                )
+            )
 
     def _done(self, item: _Item) -> None:
         lane = self._lanes[item.lane]
@@ -333,10 +400,12 @@ class WalRelay:
                         return
                     lost.reset()
                 self.step(self.stream)
+                self._database_is(True)
             except (WalConnectionError, DatabaseError, sa.exc.OperationalError) as exc:
                 # The database restarted or the connection broke: what was not confirmed
                 # comes again from the slot's confirmed position (at least once).
                 log.warning("connection lost (%s): reconnecting to the slot", _short(exc))
+                self._database_is(False, _short(exc))
                 self._forget()
                 self._stop.wait(lost.next())
 
@@ -370,13 +439,29 @@ class WalRelay:
     def step(self, stream: WalStream) -> None:
         """Read what arrived, publish one batch, confirm; keep the stream alive while down."""
         if not self.breaker.ready():
-            # Broker down: read nothing more, answer the server's keepalives, spend nothing.
-            stream.keep_alive()
-            self._stop.wait(min(0.2, max(0.01, self.breaker.until_probe())))
+            # Broker down: publish nothing, spend nothing; read on while memory allows
+            # (what waits is then held, and reported), then only answer keepalives.
+            wait = min(0.2, max(0.01, self.breaker.until_probe()))
+            if self._read(stream, wait) == 0 and self._held >= self.max_backlog:
+                stream.keep_alive()
+                self._stop.wait(wait)
+            self._finish_step(stream)
             return
         now = time.monotonic()
         due = self._next_due()
         wait = READ_WAIT if due is None else min(READ_WAIT, max(0.0, due - now))
+        self._read(stream, wait)
+        batch = self._due(time.monotonic())
+        if batch:
+            self._publish(batch)
+        elif self._held >= self.max_backlog:
+            # Full, and every lane waits for a retry: answer the server, then wait for it.
+            stream.keep_alive()
+            self._stop.wait(wait)
+        self._finish_step(stream)
+
+    def _read(self, stream: WalStream, wait: float) -> int:
+        """Take in transactions until a batch's worth, the backlog or the wait is reached."""
         taken = 0
         while self._held < self.max_backlog and taken < self.batch_size:
             txn = stream.read(wait)
@@ -386,16 +471,41 @@ class WalRelay:
             self._intake(txn)
             taken += self._held - before + 1
             wait = 0.0
-        batch = self._due(time.monotonic())
-        if batch:
-            self._publish(batch)
-        elif self._held >= self.max_backlog:
-            # Full, and every lane waits for a retry: answer the server, then wait for it.
-            stream.keep_alive()
-            self._stop.wait(wait)
+        return taken
+
+    def _finish_step(self, stream: WalStream) -> None:
         self._confirm(stream)
-        if self._cleanup.ready(time.monotonic()):
+        now = time.monotonic()
+        if self._report.ready(now):
+            self.report(stream)
+        if self._cleanup.ready(now):
             self.cleanup()
+        self._last_cycle_at = time.time()
+
+    def report(self, stream: WalStream) -> None:
+        """Write this relay's progress in ``<table>_wal`` (for ``outbox status``)."""
+        if not self._reporting:
+            return
+        try:
+            with self.engine.connect() as conn:
+                self.table.report(
+                    conn,
+                    slot=stream.slot,
+                    relay=self.name,
+                    confirmed_lsn=stream.confirmed_lsn,
+                    held=self._held,
+                    oldest_held_at=self.oldest_held(),
+                )
+        except sa.exc.ProgrammingError as exc:
+            # No <table>_wal (installed before it existed) or no right to write it:
+            # relaying goes on; status cannot tell the oldest unpublished event's age.
+            self._reporting = False
+            log.warning(
+                "cannot report progress in %s (%s): `outbox install --source wal` creates it; "
+                "relaying goes on",
+                self.table.progress_table.fullname,
+                _short(exc),
+            )
 
     def cleanup(self) -> int:
         """Delete rows older than ``cleanup_after`` whatever their state but dead (at most

@@ -37,9 +37,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +57,7 @@ from outbox_core.message import Event, Outcome, State
 from outbox_core.relay.wal import WalRelay
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 from tests.contract.test_wal_stream import LOGICAL, private_postgres, retry
-from tests.faults.private_servers import PrivatePostgres
+from tests.faults.private_servers import PrivatePostgres, free_port
 
 pytestmark = pytest.mark.needs_server
 
@@ -321,7 +324,7 @@ class FlakyBroker(MemoryBroker):
         return "broker down" if self.down.is_set() else None
 
 
-def test_a_broker_outage_stops_reading_spends_no_attempt_and_resumes(feed: Feed) -> None:
+def test_a_broker_outage_spends_no_attempt_holds_what_it_reads_and_resumes(feed: Feed) -> None:
     queue = MemoryQueue("wal-outage")
     broker = FlakyBroker(queue)
     relay = feed.start(broker, max_attempts=1)  # one spent attempt would make it dead
@@ -344,6 +347,11 @@ def test_a_broker_outage_stops_reading_spends_no_attempt_and_resumes(feed: Feed)
     # The slot never passed what the broker did not take.
     assert feed.confirmed() <= before
     assert relay.dead == 0 and broker.refused <= 2 * relay.batch_size
+    # Read ahead (below the backlog) and held: the oldest is as old as the outage.
+    wait_for(lambda: relay.held == len(ids), 5, "the outage's events held")
+    oldest = relay.oldest_held()
+    assert oldest is not None
+    assert (datetime.now(UTC) - oldest).total_seconds() >= OUTAGE - 1
     assert broker.probes >= 2
     broker.down.clear()
     wait_for(lambda: len(queue.snapshot()) == 1 + len(ids), 30, "everything after the outage")
@@ -645,9 +653,12 @@ RUN_HERE = {
         "--name",
         "--slot",
         "--publication",
+        "--metrics-port",
     },
     "uninstall": {"--db", "--table", "--source", "--slot", "--publication"},
     "replay": {"--db", "--table", "--key"},
+    # test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event
+    "status": {"--db", "--table", "--source", "--json"},
 }
 
 
@@ -715,3 +726,80 @@ def test_a_publication_without_updates_or_the_table_is_refused(feed: Feed) -> No
         conn.execute(sa.text(f"ALTER PUBLICATION {feed.slot} DROP TABLE {feed.outbox.table.name}"))
     error = one_error(run(*args, "--source", "wal", "--broker", "memory://"))
     assert f"does not publish table {feed.outbox.table.name!r}" in error, error
+
+
+# ------------------------------------------------------------------ status and metrics
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def gauge(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.split(" ")[1])
+    return None
+
+
+def test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event(
+    feed: Feed,
+) -> None:
+    url, table = feed.server.url, feed.table
+    port = free_port()
+    relay = subprocess.Popen(
+        outbox_cmd(*RELAY, "--db", url, "--table", table, "--broker", "memory://",
+                   "--name", "wal-watched", "--metrics-port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+    def status() -> dict[str, Any]:
+        result = run("status", "--db", url, "--table", table, "--source", "wal", "--json")
+        assert result.returncode == 0, result.stderr
+        tailing: dict[str, Any] = json.loads(result.stdout)["log_tailing"]
+        return tailing
+
+    try:
+        # An event held in memory by its delay: the oldest unpublished one.
+        with feed.outbox.engine.begin() as conn:
+            feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="late", delay=600)
+        feed.enqueue(("now", {"n": 2}))
+        wait_for(lambda: status()["held"] == 1, 30, "the relay reports the delayed event held")
+        time.sleep(2)
+        seen = status()
+        assert seen["active"] and seen["relay"] == "wal-watched" and not seen["estimated"]
+        assert seen["exists"] and seen["reader_pid"] and seen["confirmed_lsn"]
+        assert 2 <= seen["oldest_unpublished_age"] < 60
+        assert seen["lag_bytes"] > 0  # the delayed event's transaction holds the slot back
+        text = run("status", "--db", url, "--table", table, "--source", "wal").stdout
+        assert "read by pid" in text and "held by relay wal-watched" in text
+        # /metrics: the slot's and the relay's gauges, no pending gauges (rows stay pending).
+        code, metrics = scrape(port)
+        assert code == 200
+        assert gauge(metrics, "outbox_wal_held_events") == 1
+        assert (gauge(metrics, "outbox_wal_oldest_unpublished_seconds") or 0) >= 2
+        assert (gauge(metrics, "outbox_wal_lag_bytes") or 0) > 0
+        assert (gauge(metrics, "outbox_wal_retained_bytes") or 0) > 0
+        assert gauge(metrics, f'outbox_events_published_total{{topic="{TOPIC}"}}') == 1
+        assert gauge(metrics, "outbox_pending_events") is None
+        assert gauge(metrics, "outbox_dead_events") == 0
+        code, health = scrape(port, "/healthz")
+        assert code == 200 and json.loads(health)["status"] == "ok", health
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        _, err = relay.communicate(timeout=30)
+    assert relay.returncode == 0, err
+    # Nobody reads: the age is estimated from the last report, and keeps growing.
+    feed.enqueue(("after", {"n": 3}))
+    gone = status()
+    assert not gone["active"] and gone["estimated"] and gone["reader_pid"] is None
+    assert gone["oldest_unpublished_age"] >= seen["oldest_unpublished_age"]
+    assert gone["lag_bytes"] > seen["lag_bytes"]
+    text = run("status", "--db", url, "--table", table, "--source", "wal").stdout
+    assert "NOT READ" in text and "estimated" in text

@@ -270,8 +270,10 @@ class SlotFacts:
     """A replication slot as ``pg_replication_slots`` shows it, LSNs as ints.
 
     ``retained_bytes`` is the WAL the slot keeps on disk (current WAL
-    position minus ``restart_lsn``); ``wal_status`` and ``safe_wal_size``
-    are ``None`` before PostgreSQL 13.
+    position minus ``restart_lsn``); ``lag_bytes`` the WAL written since its
+    confirmed position (what its reader has not confirmed yet, outbox or
+    not); ``wal_status`` and ``safe_wal_size`` are ``None`` before
+    PostgreSQL 13.
     """
 
     name: str
@@ -285,6 +287,7 @@ class SlotFacts:
     retained_bytes: int | None
     wal_status: str | None
     safe_wal_size: int | None
+    lag_bytes: int | None = None
 
 
 def slot_facts(conn: sa.Connection, name: str) -> SlotFacts | None:
@@ -292,12 +295,15 @@ def slot_facts(conn: sa.Connection, name: str) -> SlotFacts | None:
     newer = conn.execute(sa.text("SHOW server_version_num")).scalar_one()
     # wal_status and safe_wal_size came with PostgreSQL 13.
     extra = "wal_status, safe_wal_size" if int(newer) >= 130000 else "NULL, NULL"
+    current = (
+        "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
+    )
     row = conn.execute(
         sa.text(
             "SELECT slot_name, plugin, slot_type, database, active, active_pid, "
             "restart_lsn::text, confirmed_flush_lsn::text, "
-            "pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-            f"ELSE pg_current_wal_lsn() END, restart_lsn)::bigint, {extra} "
+            f"pg_wal_lsn_diff({current}, restart_lsn)::bigint, {extra}, "
+            f"pg_wal_lsn_diff({current}, confirmed_flush_lsn)::bigint "
             "FROM pg_replication_slots WHERE slot_name = :name"
         ),
         {"name": name},
@@ -316,6 +322,7 @@ def slot_facts(conn: sa.Connection, name: str) -> SlotFacts | None:
         retained_bytes=None if row[8] is None else int(row[8]),
         wal_status=row[9],
         safe_wal_size=None if row[10] is None else int(row[10]),
+        lag_bytes=None if row[11] is None else max(0, int(row[11])),
     )
 
 

@@ -3,12 +3,15 @@
 The relay builds events from the log and writes nothing per event; it
 touches the table only for what the log cannot do: marking a dead event,
 reading rows ``outbox replay`` returned to pending, the keys held by dead
-rows, and removing old rows.
+rows, and removing old rows. It reports its progress (a row per slot in
+``<table>_wal``, at most once a second) so that ``outbox status``, run
+elsewhere, can tell how old the oldest unpublished event is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +21,74 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import MAX_ERROR, Dialect
 from outbox_core.dialects.postgresql.wal.pgoutput import load_text
-from outbox_core.dialects.postgresql.wal.stream import WalRow
+from outbox_core.dialects.postgresql.wal.stream import WalRow, format_lsn, slot_facts
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
+
+#: A report older than this, or a slot nobody reads, means no relay is relaying.
+REPORT_STALE = 10.0
+
+
+def progress_table(outbox: sa.Table) -> sa.Table:
+    """``<table>_wal``: one row per slot, what its reading relay last reported.
+
+    ``oldest_held_at`` is the ``created_at`` of the oldest event the relay
+    has read and not yet published (NULL: it holds none); ``reported_at``
+    is on the database's clock.
+    """
+    return sa.Table(
+        f"{outbox.name}_wal",
+        sa.MetaData(),
+        sa.Column("slot", sa.String(63), primary_key=True),
+        sa.Column("relay", sa.String(64), nullable=False),
+        sa.Column("confirmed_lsn", sa.BigInteger(), nullable=False),
+        sa.Column("held", sa.Integer(), nullable=False),
+        sa.Column("oldest_held_at", sa.DateTime(timezone=True)),
+        sa.Column("reported_at", sa.DateTime(timezone=True), nullable=False),
+        schema=outbox.schema,
+    )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A slot's relay as it last reported, and the database's time of reading it."""
+
+    relay: str
+    confirmed_lsn: int
+    held: int
+    oldest_held_at: datetime | None
+    reported_at: datetime
+    now: datetime
+
+    @property
+    def age(self) -> float:
+        """Seconds since the report."""
+        return max(0.0, (self.now - self.reported_at).total_seconds())
+
+
+@dataclass(frozen=True)
+class SlotStatus:
+    """What ``outbox status --source wal`` shows of the slot and its relay.
+
+    ``oldest_unpublished_age`` comes from the reading relay's report while
+    it reads (``estimated`` False). When no relay reads, or its report is
+    older than :data:`REPORT_STALE`, it is estimated: the oldest event the
+    last report held, else the oldest row created since that report.
+    """
+
+    slot: str
+    exists: bool
+    active: bool = False
+    reader_pid: int | None = None
+    relay: str | None = None
+    confirmed_lsn: str | None = None
+    lag_bytes: int | None = None
+    retained_bytes: int | None = None
+    held: int | None = None
+    report_age: float | None = None
+    oldest_unpublished_age: float | None = None
+    estimated: bool = False
 
 
 class WalTable:
@@ -38,6 +105,7 @@ class WalTable:
         self.dialect = dialect
         self.table = dialect.table
         self.columns = dialect.claim_columns(self.table)
+        self.progress_table = progress_table(self.table)
         stmt = postgresql.insert(self.table)
         # By event_id: the row may have been removed by cleanup already (then it is
         # inserted again, dead; that insert is in the log with state DEAD, skipped).
@@ -137,3 +205,97 @@ class WalTable:
             if ids:
                 conn.execute(sa.delete(t).where(self.dialect.id_in(ids)))
         return len(ids)
+
+    # -- progress -------------------------------------------------------------------------
+
+    def create_progress(self, conn: Connection) -> None:
+        """Create ``<table>_wal`` when it is missing (``outbox install --source wal``)."""
+        with self.dialect.transaction(conn):
+            self.progress_table.create(conn, checkfirst=True)
+
+    def has_progress(self, conn: Connection) -> bool:
+        """Whether ``<table>_wal`` exists."""
+        p = self.progress_table
+        return sa.inspect(conn).has_table(p.name, schema=p.schema)
+
+    def report(
+        self,
+        conn: Connection,
+        *,
+        slot: str,
+        relay: str,
+        confirmed_lsn: int,
+        held: int,
+        oldest_held_at: datetime | None,
+    ) -> None:
+        """Upsert the slot's row: the relay's confirmed position and oldest held event."""
+        p = self.progress_table
+        values = {
+            "relay": relay[:64],
+            "confirmed_lsn": confirmed_lsn,
+            "held": held,
+            "oldest_held_at": oldest_held_at,
+            "reported_at": sa.func.now(),
+        }
+        stmt = postgresql.insert(p).values(slot=slot, **values)
+        with self.dialect.transaction(conn):
+            conn.execute(stmt.on_conflict_do_update(index_elements=[p.c.slot], set_=values))
+
+    def progress(self, conn: Connection, slot: str) -> Progress | None:
+        """The slot's last report (None: no relay ever reported, or no ``<table>_wal``)."""
+        if not self.has_progress(conn):
+            return None
+        p = self.progress_table
+        row = conn.execute(
+            sa.select(
+                p.c.relay,
+                p.c.confirmed_lsn,
+                p.c.held,
+                p.c.oldest_held_at,
+                p.c.reported_at,
+                sa.func.now(),
+            ).where(p.c.slot == slot)
+        ).first()
+        return None if row is None else Progress(*row)
+
+    def oldest_created_since(self, conn: Connection, since: datetime) -> datetime | None:
+        """``created_at`` of the oldest pending row created after ``since`` (a lower bound
+        of what no relay has read when none reports)."""
+        t = self.table
+        query = sa.select(sa.func.min(t.c.created_at)).where(
+            in_state(t.c.state, State.PENDING), t.c.created_at > since
+        )
+        return conn.execute(query).scalar()
+
+    def slot_status(self, conn: Connection, slot: str) -> SlotStatus:
+        """The slot, its relay's last report and the oldest unpublished event's age."""
+        facts = slot_facts(conn, slot)
+        if facts is None:
+            return SlotStatus(slot, exists=False)
+        progress = self.progress(conn, slot)
+        reading = facts.active and progress is not None and progress.age <= REPORT_STALE
+        age: float | None = None
+        if progress is not None:
+            oldest = progress.oldest_held_at
+            if not reading and oldest is None:
+                oldest = self.oldest_created_since(conn, progress.reported_at)
+            if oldest is not None:
+                age = max(0.0, (progress.now - oldest).total_seconds())
+            elif reading:
+                age = 0.0
+        return SlotStatus(
+            slot,
+            exists=True,
+            active=facts.active,
+            reader_pid=facts.active_pid,
+            relay=None if progress is None else progress.relay,
+            confirmed_lsn=None
+            if facts.confirmed_flush_lsn is None
+            else format_lsn(facts.confirmed_flush_lsn),
+            lag_bytes=facts.lag_bytes,
+            retained_bytes=facts.retained_bytes,
+            held=None if progress is None else progress.held,
+            report_age=None if progress is None else progress.age,
+            oldest_unpublished_age=age,
+            estimated=not reading,
+        )
