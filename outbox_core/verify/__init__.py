@@ -20,9 +20,11 @@ guarantees), :mod:`~outbox_core.verify.runner` (:func:`verify`),
 :mod:`~outbox_core.verify.render` (text, JSON, JUnit),
 :mod:`~outbox_core.verify.machine` (the hypothesis state machine, also run by
 ``tests/property``), :mod:`~outbox_core.verify.crash` (the SIGKILL run of
-``outbox relay`` processes), :mod:`~outbox_core.verify.sink` (the file broker
-those processes publish to) and :mod:`~outbox_core.verify.matrix` (rows
-merged into one Markdown matrix: ``outbox matrix``, ``compat_matrix``).
+``outbox relay`` processes), :mod:`~outbox_core.verify.wal` (the log-tailing
+rows, on a temporary publication and replication slot),
+:mod:`~outbox_core.verify.sink` (the file broker those processes publish to)
+and :mod:`~outbox_core.verify.matrix` (rows merged into one Markdown matrix:
+``outbox matrix``, ``compat_matrix``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from outbox_core.verify.harness import (
 )
 from outbox_core.verify.model import Failed, Skip
 from outbox_core.verify.partitions import quietly
+from outbox_core.verify.wal import wal_at_least_once, wal_commit_order, wal_relay
 
 #: Seconds a claim may take while another session holds locked rows: far
 #: below any lock-wait timeout, far above a claim's own time.
@@ -353,6 +354,21 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], str | None]]] = [
     ),
     ("dead-and-replay", "rejected events go dead until replayed", dead_and_replay),
     ("inbox", "exactly one consumer records an event", inbox_insert_if_absent),
+    (
+        "wal-commit-order",
+        "log tailing reads transactions in commit order, rolled-back ones never",
+        wal_commit_order,
+    ),
+    (
+        "wal-at-least-once",
+        "log tailing reads again what was not confirmed, never what was",
+        wal_at_least_once,
+    ),
+    (
+        "wal-relay",
+        "a log-tailing relay delivers keys in commit order, confirms only what it settled",
+        wal_relay,
+    ),
     (
         "state-machine",
         "random interleavings of producers and three relays keep every guarantee",
