@@ -100,12 +100,14 @@ def install_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool, boo
 
 
 def uninstall_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool]:
-    """Drop the slot (its retained WAL is freed) and the publication; the table stays."""
+    """Drop the slot (its retained WAL is freed), the publication and ``<table>_wal``;
+    the outbox table stays."""
     slot, publication = wal_names(settings)
     with _connect(outbox, logical=False) as conn:
         dropped = drop_slot(conn, slot)
         drop_publication(conn, publication)
         conn.commit()
+        WalTable(outbox.dialect).drop_progress(conn)
     return slot, publication, dropped
 
 

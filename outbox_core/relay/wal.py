@@ -469,7 +469,8 @@ class WalRelay:
                 break
             before = self._held
             self._intake(txn)
-            taken += self._held - before + 1
+            # Events against the batch; an eventless transaction counts one (the loop ends).
+            taken += max(1, self._held - before)
             wait = 0.0
         return taken
 

@@ -210,6 +210,8 @@ MALFORMED = {
     "insert without N": b"I" + struct.pack("!I", 1) + b"X" + tuple_data("1"),
     "insert tuple missing a column": b"I" + struct.pack("!I", 1) + b"N" + tuple_data("1")[:-1],
     "insert text length past the end": one_text(b"abc", 99),
+    "insert text length cut short": b"I" + struct.pack("!I", 1) + b"N" + tuple_data("abc")[:5],
+    "insert column count cut short": b"I" + struct.pack("!I", 1) + b"N\x00",
     "insert column count says 2, one sent": (
         b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!H", 2) + b"n"
     ),

@@ -213,6 +213,11 @@ class WalTable:
         with self.dialect.transaction(conn):
             self.progress_table.create(conn, checkfirst=True)
 
+    def drop_progress(self, conn: Connection) -> None:
+        """Drop ``<table>_wal`` if it exists (``outbox uninstall --source wal``)."""
+        with self.dialect.transaction(conn):
+            self.progress_table.drop(conn, checkfirst=True)
+
     def has_progress(self, conn: Connection) -> bool:
         """Whether ``<table>_wal`` exists."""
         p = self.progress_table
