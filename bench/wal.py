@@ -710,7 +710,7 @@ def read_sql(url: str, slot: str, publication: str, n: int, batch: int, *, peek:
 
 
 READERS = (
-    "psycopg2 stream, count only (ceiling)",
+    "psycopg2 stream, count only",
     "psycopg2 stream + decode_message",
     "WalStream (the relay's reader)",
     "psycopg 3 pq-level + decode_message",
@@ -932,10 +932,11 @@ def report(bench: Bench, args: argparse.Namespace, drains: Sequence[tuple[str, b
     print()
     print("== 4. ceiling, events/s (the same N events, the same server, this run)")
     print(f"{'reader':<40} {'events/s':>9} {'relay/ceiling':>14}")
-    stream = med(results[READERS[0]])
+    # The server's decoding, not the client, bounds a bare reader: the better of the two.
+    stream = max(med(results[READERS[0]]), med(results[READERS[1]]))
     lease = med(results["bare lease"])
     wal_rate = med([d.rate for d in results[drain_name("wal", False)]])
-    print(f"{'bare psycopg2 stream reader':<40} {stream:>9.0f}")
+    print(f"{'bare psycopg2 stream reader (best)':<40} {stream:>9.0f}")
     print(f"{'WAL relay (no-op broker)':<40} {wal_rate:>9.0f} {wal_rate / stream:>14.2f}")
     print(f"{'bare lease loop (bench/bare_lease.py)':<40} {lease:>9.0f}")
     for kind in ("unordered", "ordered"):
