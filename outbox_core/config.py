@@ -88,6 +88,11 @@ class Settings:
     #: Log tailing: the replication slot and publication [default: ``outbox_<table>``].
     slot: str | None = None
     publication: str | None = None
+    #: Log tailing: an event that must wait longer than this (``enqueue(delay=)``,
+    #: a retry's backoff) is handed to the table, its key's later events behind
+    #: it, so that the slot's confirmed position (and the server's WAL) is not
+    #: held meanwhile. Shorter: fewer events held in memory, more table writes.
+    defer_after: float = 10.0
 
     def __post_init__(self) -> None:
         if self.lease <= 0:

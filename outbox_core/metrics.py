@@ -33,12 +33,16 @@ Metrics (Prometheus naming conventions):
                                                           confirmed position (scrape time)
 ``outbox_wal_retained_bytes``                  gauge      log tailing: WAL the slot keeps
 ``outbox_wal_held_events``                     gauge      log tailing: read, not yet published
-``outbox_wal_oldest_unpublished_seconds``      gauge      log tailing: oldest event held
+``outbox_wal_deferred_events``                 gauge      log tailing: waiting in the table
+``outbox_wal_oldest_unpublished_seconds``      gauge      log tailing: oldest event held,
+                                                          unread or deferred
 =============================================  =========  ==================================
 
 With ``--source wal`` rows stay pending once published, so the table's
-pending gauges are not served (dead events are); the claim and mark
-histograms stay empty (nothing is claimed or marked).
+pending gauges are not served (``outbox_dead_events`` is, from an indexed
+count); the claim histogram stays empty (nothing is claimed) and the mark
+histogram times settling a batch (in memory, dead rows and deferred rows in
+the table).
 """
 
 from __future__ import annotations
@@ -219,11 +223,9 @@ class RelayMetrics(RelayObserver):
 class BacklogCollector:
     """Gauges read from the outbox table at scrape time (cached for a few seconds)."""
 
-    def __init__(self, outbox: Outbox, max_age: float = 5.0, *, pending: bool = True) -> None:
+    def __init__(self, outbox: Outbox, max_age: float = 5.0) -> None:
         self.outbox = outbox
         self.max_age = max_age
-        #: False for log tailing: rows stay pending once published.
-        self.pending = pending
         self._cached: tuple[float, int, float, int] | None = None
         self._at = 0.0
         self._lock = threading.Lock()
@@ -250,13 +252,10 @@ class BacklogCollector:
         except OutboxError as exc:
             log.warning("backlog gauges unavailable: %s", exc)
             return
-        if self.pending:
-            yield GaugeMetricFamily(
-                "outbox_pending_events", "Pending events in the table.", pending
-            )
-            yield GaugeMetricFamily(
-                "outbox_oldest_pending_age_seconds", "Age of the oldest pending event.", age
-            )
+        yield GaugeMetricFamily("outbox_pending_events", "Pending events in the table.", pending)
+        yield GaugeMetricFamily(
+            "outbox_oldest_pending_age_seconds", "Age of the oldest pending event.", age
+        )
         yield GaugeMetricFamily("outbox_dead_events", "Dead events in the table.", dead)
 
 
@@ -313,21 +312,35 @@ class WalCollector:
         yield GaugeMetricFamily(
             "outbox_wal_held_events", "Events read from the slot, not yet published.", relay.held
         )
-        oldest = relay.oldest_held()
-        age = 0.0 if oldest is None else (datetime.now(UTC) - oldest).total_seconds()
-        yield GaugeMetricFamily(
-            "outbox_wal_oldest_unpublished_seconds",
-            "Age (created_at) of the oldest event read and not yet published.",
-            max(0.0, age),
-        )
+        # Set by the relay's thread each step (its lanes are not read from here).
+        oldest = relay.oldest_unpublished
         try:
             with relay.engine.connect() as conn:
                 facts = slot_facts(conn, self.slot)
+                deferred, oldest_deferred = relay.table.oldest_deferred(conn)
+                dead = relay.table.dead_count(conn)
         except sa.exc.SQLAlchemyError as exc:
             log.warning("slot gauges unavailable: %s", redact(str(exc)))
-            return
+            facts = None
+            deferred, oldest_deferred, dead = 0, None, None
+        if oldest_deferred is not None and (oldest is None or oldest_deferred < oldest):
+            oldest = oldest_deferred
+        age = 0.0 if oldest is None else (datetime.now(UTC) - oldest).total_seconds()
+        yield GaugeMetricFamily(
+            "outbox_wal_oldest_unpublished_seconds",
+            "Age (created_at) of the oldest event not yet published: held, unread behind "
+            "the relay's last read, or deferred in the table.",
+            max(0.0, age),
+        )
         if facts is None:
             return
+        yield GaugeMetricFamily(
+            "outbox_wal_deferred_events",
+            "Events waiting in the table (a long delay or backoff) instead of in memory.",
+            deferred,
+        )
+        if dead is not None:
+            yield GaugeMetricFamily("outbox_dead_events", "Dead events in the table.", dead)
         yield GaugeMetricFamily(
             "outbox_wal_lag_bytes",
             "WAL written since the slot's confirmed position.",
@@ -360,7 +373,8 @@ class MetricsServer:
         self.relay = relay
         self.outbox = outbox
         relay.observers.append(RelayMetrics(self.registry))
-        self.registry.register(BacklogCollector(outbox, pending=slot is None))
+        if slot is None:
+            self.registry.register(BacklogCollector(outbox))
         if isinstance(relay, Relay) and relay.membership is not None:
             self.registry.register(PartitionCollector(relay, relay.membership))
         if slot is not None:

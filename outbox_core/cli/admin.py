@@ -115,8 +115,8 @@ def status(
 
     Exits 1 when the broker given with ``--broker`` does not answer, so a
     health check or a script can tell. ``--source wal``: the replication
-    slot instead of pending counts (rows stay pending in that mode): its lag,
-    its relay and the oldest unpublished event's age.
+    slot (its lag, its relay, the oldest unpublished event's age) instead of
+    the oldest pending age (rows stay pending once published in that mode).
     """
     settings = settings_from(config_file, **values)
     options = parse_broker_options(broker_options)
@@ -126,7 +126,8 @@ def status(
             result = outbox.status()
             if settings.source == "wal":
                 tailing = dataclasses.asdict(wal_status(outbox, settings))
-                result = dataclasses.replace(result, log_tailing=tailing)
+                # Rows stay pending once published: their age says nothing here.
+                result = dataclasses.replace(result, log_tailing=tailing, oldest_pending_age=None)
             broker = None
             if settings.broker_url:
                 broker = probe_broker(settings.broker_url, options)

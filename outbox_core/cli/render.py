@@ -60,6 +60,8 @@ def render_log_tailing(t: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append(f"oldest unpublished: {oldest} ({t['held']} held by relay {t['relay']})")
+    if t["deferred"]:
+        lines.append(f"deferred: {t['deferred']} events wait in the table (long delays, backoffs)")
     return lines
 
 

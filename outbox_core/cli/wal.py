@@ -89,8 +89,8 @@ def install_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool, boo
             conn, publication, table=table.name, schema=schema, publish=PUBLISH
         )
         conn.commit()
-        # Where the relay reports its progress for `outbox status`.
-        WalTable(outbox.dialect).create_progress(conn)
+        # Where the relay reports its progress, and the index of events handed back.
+        WalTable(outbox.dialect).install(conn)
         made_slot = slot_facts(conn, slot) is None
         if made_slot:
             conn.commit()  # a slot is created in a transaction that wrote nothing
@@ -107,7 +107,7 @@ def uninstall_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool]:
         dropped = drop_slot(conn, slot)
         drop_publication(conn, publication)
         conn.commit()
-        WalTable(outbox.dialect).drop_progress(conn)
+        WalTable(outbox.dialect).uninstall(conn)
     return slot, publication, dropped
 
 

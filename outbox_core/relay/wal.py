@@ -12,6 +12,13 @@ dead (one upsert by ``event_id``). ``outbox replay`` sets dead rows pending;
 the publication sends that update and the relay takes the rows back in.
 Once a second at most the relay reports its progress in ``<table>_wal``
 (its confirmed position and the oldest event it holds) for ``outbox status``.
+
+An event that must wait longer than ``defer_after`` (a long delay or
+backoff) is handed to the table instead (``lease_owner`` ``wal:deferred``,
+one upsert), with its key's events in memory and the key's later ones
+behind it: the slot moves on meanwhile. The relay publishes deferred rows
+from the table when due, each key's in hand-over (commit) order, and the key
+returns to the stream once none is left.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
 import sqlalchemy as sa
@@ -65,6 +72,8 @@ IDLE_CONFIRM = 1.0
 PUBLISH = ("insert", "update")
 #: The relay's progress row in ``<table>_wal`` is written at most this often.
 REPORT_EVERY = 1.0
+#: Deferred rows are looked for at most this often (and at once after a full batch).
+DEFERRED_EVERY = 0.5
 
 
 def wal_names(settings: Settings) -> tuple[str, str]:
@@ -141,16 +150,32 @@ class WalRelay:
         self._held = 0
         #: Keys with a dead event (block_on_dead): their later events are held dead too.
         self.dead_keys: set[str] = set()
+        #: Keys with events handed to the table: their later events go there too.
+        self.deferred_keys: set[str] = set()
+        self._deferred = Due(DEFERRED_EVERY)
+        self._deferred_full = False
+        #: Rows may wait in the table (set by a hand-over, found at connect).
+        self._maybe_deferred = False
+        self._handed_at = datetime.min.replace(tzinfo=UTC)
+        #: Events handed to the table and published from it (counted in ``published``).
+        self.deferred = 0
         self._idle_confirmed_at = 0.0
         self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
         self._report = Due(REPORT_EVERY)
         self._reporting = True
+        self._report_failing = False
         #: The table's statements for log tailing (refuses a database but PostgreSQL).
         self.table = WalTable(dialect)
         #: Partitioned ordering does not apply (``/metrics`` asks).
         self.membership = None
         self._database = DatabaseState()
         self._last_cycle_at = 0.0
+        #: ``created_at`` of the last event read by a step that stopped at its batch or
+        #: the backlog (more is waiting in the slot: that old at least); None: caught up.
+        self._behind_at: datetime | None = None
+        self._last_read_at: datetime | None = None
+        #: The oldest event read and not published, or waiting unread (as of the last step).
+        self.oldest_unpublished: datetime | None = None
         #: Counters for tests and logs: published (broker-confirmed), dead, duplicates unknown.
         self.published = 0
         self.dead = 0
@@ -178,9 +203,24 @@ class WalRelay:
         return max(self._last_cycle_at, self.breaker.probed_at)
 
     def oldest_held(self) -> datetime | None:
-        """``created_at`` of the oldest event read and not published (None: none held)."""
-        # A lane is in commit order: its head is its oldest.
-        return min((items[0].event.created_at for items in self._lanes.values()), default=None)
+        """``created_at`` of the oldest event read and not published (None: none held).
+
+        Relay thread only: ``oldest_unpublished`` is the value other threads read.
+        """
+        # Every item, not the lane heads: a long transaction committed behind a newer
+        # event of its key, or a replayed event, is older than its lane's head.
+        return min(
+            (item.event.created_at for items in self._lanes.values() for item in items),
+            default=None,
+        )
+
+    def _note_oldest(self) -> None:
+        """Set ``oldest_unpublished`` (on the relay thread; ``/metrics`` reads it)."""
+        oldest = self.oldest_held()
+        behind = self._behind_at
+        if behind is not None and (oldest is None or behind < oldest):
+            oldest = behind
+        self.oldest_unpublished = oldest
 
     def _database_is(self, up: bool, error: str | None = None) -> None:
         if self._database.up == up:
@@ -197,8 +237,10 @@ class WalRelay:
             return self.table.replayed(conn, ids, self.name)
 
     def _intake(self, txn: WalTransaction) -> None:
-        """Put a transaction's events in their lanes; kill those of dead keys."""
-        pending = [r for r in txn.rows if self.table.is_pending(r)]
+        """Put a transaction's events in their lanes (or hand them to the table); kill
+        those of dead keys."""
+        # Rows a relay handed to the table (and its updates of them) are not new events.
+        pending = [r for r in txn.rows if self.table.is_pending(r) and not self.table.is_ours(r)]
         # Our own dead-marking (state DEAD) is in the log too: only a return to pending counts.
         replays = [int(str(r.values["id"])) for r in pending if r.op == "update"]
         events = [self.table.event(r, self.name) for r in pending if r.op == "insert"]
@@ -211,14 +253,26 @@ class WalRelay:
         record = _Txn(txn.end_lsn)
         self._txns.append(record)
         now, wall = time.monotonic(), datetime.now(UTC)
+        handed: list[tuple[Event, int, datetime, str | None]] = []
+        if events:
+            self._last_read_at = events[-1][0].created_at
         for event, available_at in events:
             lane = event.key if event.key is not None else f"\0{event.event_id}"
             # enqueue(delay=): the event waits (TIMESTAMPTZ: aware from the log and the table).
             wait = max(0.0, (available_at - wall).total_seconds())
+            if lane in self.deferred_keys or wait > self.settings.defer_after:
+                # Behind its key's events in memory, which go to the table first.
+                handed += self._take_lane(lane)
+                handed.append((event, 0, available_at, None))
+                if event.key is not None:
+                    self.deferred_keys.add(event.key)
+                continue
             item = _Item(next(self._seq), event, record, lane, not_before=now + wait)
             self._lanes.setdefault(lane, deque()).append(item)
             record.open += 1
             self._held += 1
+        if handed:
+            self._hand_over(handed)
         if self.dead_keys:
             blocked = [key for key in self.dead_keys if key in self._lanes]
             if blocked:
@@ -251,9 +305,10 @@ class WalRelay:
         answered: list[tuple[Event, Outcome]] = []
         failures: list[Failure] = []
         unavailable = 0
+        handed: list[tuple[Event, int, datetime, str | None]] = []
         for item, outcome in zip(batch, outcomes, strict=True):
             if outcome is None or outcome.is_unavailable:
-                unavailable += 1
+                unavailable += outcome is not None  # (None: behind its key's failure)
                 continue  # not published, or an outage: no attempt spent
             answered.append((item.event, outcome))
             if outcome.is_ok:
@@ -266,6 +321,12 @@ class WalRelay:
             failures.append(Failure(item.event.id, error, delay))
             if delay is None:
                 dead.append((item, error))
+            elif delay > self.settings.defer_after:
+                # A long backoff would hold the slot: the key's lane waits in the table.
+                item.not_before = now + delay
+                handed += self._take_lane(item.lane)
+                if item.event.key is not None:
+                    self.deferred_keys.add(item.event.key)
             else:
                 item.not_before = now + delay
                 log.warning(
@@ -278,6 +339,20 @@ class WalRelay:
                 )
         if dead:
             self._kill(dead)
+        if handed:
+            self._hand_over(handed)
+        self._observe(answered, failures, len(dead), unavailable, len(batch), started)
+
+    def _observe(
+        self,
+        answered: Sequence[tuple[Event, Outcome]],
+        failures: Sequence[Failure],
+        dead: int,
+        unavailable: int,
+        claimed: int,
+        started: float,
+    ) -> None:
+        """Tell the observers (metrics) of a published batch, as the polling relay does."""
         seconds = time.monotonic() - started
         for observer in self.observers:
             if answered:
@@ -291,13 +366,112 @@ class WalRelay:
                 )
             observer.cycle(
                 CycleResult(
-                    claimed=len(batch),
+                    claimed=claimed,
                     sent=len(answered) - len(failures),
-                    retried=len(failures) - len(dead),
-                    dead=len(dead),
+                    retried=len(failures) - dead,
+                    dead=dead,
                     unavailable=unavailable,
                 )
             )
+
+    # -- deferring: long waits go to the table -------------------------------------------
+
+    def _take_lane(self, lane: str) -> list[tuple[Event, int, datetime, str | None]]:
+        """Remove a lane's events from memory (done for their transactions); to hand over."""
+        items = self._lanes.pop(lane, None)
+        if not items:
+            return []
+        now, wall = time.monotonic(), datetime.now(UTC)
+        taken: list[tuple[Event, int, datetime, str | None]] = []
+        for item in items:
+            due = wall + timedelta(seconds=max(0.0, item.not_before - now))
+            taken.append((item.event, item.attempts, due, None))
+            item.txn.open -= 1
+            self._held -= 1
+        return taken
+
+    def _hand_over(self, rows: Sequence[tuple[Event, int, datetime, str | None]]) -> None:
+        """Write events to the table as deferred, in this order (one transaction)."""
+        # lease_until records the hand-over order across calls (ids may not be in it).
+        start = max(datetime.now(UTC), self._handed_at + timedelta(microseconds=1))
+        ordered = [
+            (event, attempts, due, start + timedelta(microseconds=i), error)
+            for i, (event, attempts, due, error) in enumerate(rows)
+        ]
+        self._handed_at = ordered[-1][3]
+        with self.engine.connect() as conn:
+            self.table.defer(conn, ordered)
+        self._maybe_deferred = True
+        log.info(
+            "%d event(s) handed to the table to wait (first %s, key %r)",
+            len(rows),
+            rows[0][0].event_id,
+            rows[0][0].key,
+            extra={"count": len(rows)},
+        )
+
+    def _publish_deferred(self) -> None:
+        """Publish due deferred rows from the table and settle them there."""
+        with self.engine.connect() as conn:
+            runs = self.table.deferred_runs(conn, self.batch_size, self.name)
+        self._deferred_full = len(runs) >= self.batch_size
+        if not runs:
+            with self.engine.connect() as conn:
+                # Only this relay hands rows over: none left, none to look for.
+                self._maybe_deferred = self.table.oldest_deferred(conn)[0] > 0
+                if self.deferred_keys:
+                    # Their rows may have been made dead by hand or replayed meanwhile.
+                    self.deferred_keys = self.table.deferred_keys(conn)
+            return
+        events = [e for e, _ in runs]
+        outcomes = self.delivery.deliver(events)
+        self.breaker.note(outcomes)
+        sent: list[int] = []
+        retries: list[tuple[int, int, float, str]] = []
+        dead: list[tuple[Event, int, str]] = []
+        answered: list[tuple[Event, Outcome]] = []
+        failures: list[Failure] = []
+        unavailable = 0
+        for (event, spent), outcome in zip(runs, outcomes, strict=True):
+            if outcome is None or outcome.is_unavailable:
+                unavailable += outcome is not None
+                continue
+            answered.append((event, outcome))
+            if outcome.is_ok:
+                sent.append(event.id)
+                continue
+            error = outcome.error or outcome.kind.value
+            delay = self.retry.next_try(spent + 1, outcome)
+            failures.append(Failure(event.id, error, delay))
+            if delay is None:
+                dead.append((event, spent + 1, error))
+            else:
+                retries.append((event.id, spent + 1, delay, error))
+        started = time.monotonic()
+        with self.engine.connect() as conn:
+            self.table.settle_deferred(
+                conn, sent=sent, retries=retries, delete=self.settings.delete_on_send
+            )
+            if dead:
+                self.table.mark_dead(conn, dead)
+                keys = {e.key for e, _, _ in dead if e.key is not None}
+                if self.settings.block_on_dead and keys:
+                    # The key's later deferred events are held dead behind it.
+                    self.table.kill_deferred(conn, keys)
+                    self.dead_keys |= keys
+            self.deferred_keys = self.table.deferred_keys(conn)
+        self.published += len(sent)
+        self.deferred += len(sent)
+        self.dead += len(dead)
+        for event, _, error in dead:
+            log.error(
+                "event %s (%s) is dead: %s",
+                event.event_id,
+                event.topic,
+                error,
+                extra={"event_id": event.event_id, "topic": event.topic},
+            )
+        self._observe(answered, failures, len(dead), unavailable, len(runs), started)
 
     def _done(self, item: _Item) -> None:
         lane = self._lanes[item.lane]
@@ -381,6 +555,10 @@ class WalRelay:
                 log.info("wal relay %s started (batch %d)", self.name, self.batch_size)
                 self.breaker.probe_at_start()
                 self._loop()
+                if self.stream is not None:
+                    # The last word for status: what it held is sent again by the next relay.
+                    self._note_oldest()
+                    self.report(self.stream)
         finally:
             self.close()
             log.info(
@@ -420,6 +598,7 @@ class WalRelay:
                 if not waiting:
                     log.info("slot in use by another relay: standing by to take over")
                     waiting = True
+                self._last_cycle_at = time.time()  # a standby is healthy (/healthz)
                 self._stop.wait(standby.next())
                 continue
             if waiting:
@@ -428,6 +607,9 @@ class WalRelay:
                 # At every (re)connect: while this relay stood by, another
                 # may have relayed a replay of a key held here.
                 self._load_dead_keys()
+            with self.engine.connect() as conn:
+                self.deferred_keys = self.table.deferred_keys(conn)
+                self._maybe_deferred = self.table.oldest_deferred(conn)[0] > 0
             return stream
         return None
 
@@ -451,6 +633,8 @@ class WalRelay:
         due = self._next_due()
         wait = READ_WAIT if due is None else min(READ_WAIT, max(0.0, due - now))
         self._read(stream, wait)
+        if self._maybe_deferred and (self._deferred_full or self._deferred.ready(time.monotonic())):
+            self._publish_deferred()
         batch = self._due(time.monotonic())
         if batch:
             self._publish(batch)
@@ -466,16 +650,20 @@ class WalRelay:
         while self._held < self.max_backlog and taken < self.batch_size:
             txn = stream.read(wait)
             if txn is None:
-                break
+                self._behind_at = None  # the slot had nothing more
+                return taken
             before = self._held
             self._intake(txn)
             # Events against the batch; an eventless transaction counts one (the loop ends).
             taken += max(1, self._held - before)
             wait = 0.0
+        # Stopped at a limit: what waits unread is newer than the last event read.
+        self._behind_at = self._last_read_at
         return taken
 
     def _finish_step(self, stream: WalStream) -> None:
         self._confirm(stream)
+        self._note_oldest()
         now = time.monotonic()
         if self._report.ready(now):
             self.report(stream)
@@ -495,8 +683,9 @@ class WalRelay:
                     relay=self.name,
                     confirmed_lsn=stream.confirmed_lsn,
                     held=self._held,
-                    oldest_held_at=self.oldest_held(),
+                    oldest_held_at=self.oldest_unpublished,
                 )
+            self._report_failing = False
         except sa.exc.ProgrammingError as exc:
             # No <table>_wal (installed before it existed) or no right to write it:
             # relaying goes on; status cannot tell the oldest unpublished event's age.
@@ -507,6 +696,11 @@ class WalRelay:
                 self.table.progress_table.fullname,
                 _short(exc),
             )
+        except sa.exc.SQLAlchemyError as exc:
+            # A report is not worth the stream: the next one may get through.
+            if not self._report_failing:
+                log.warning("cannot report progress (%s): retrying each second", _short(exc))
+            self._report_failing = True
 
     def cleanup(self) -> int:
         """Delete rows older than ``cleanup_after`` whatever their state but dead (at most

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +44,8 @@ CONFIRM_WITHIN = 5.0
 LOCK_CLASS = "outbox_verify"
 #: Slots and publications of verify runs (LIKE pattern; ``_`` escaped).
 PREFIX = r"outbox\_verify\_%"
+#: Exactly the names :func:`~outbox_core.verify.harness.temporary_table` makes.
+VERIFY_NAME = re.compile(r"outbox_verify_[0-9a-f]{10}")
 
 
 @dataclass
@@ -221,18 +224,31 @@ def drop_abandoned(conn: sa.Connection) -> list[str]:
     ).scalars()
     dropped = []
     for name in sorted(set(slots) | set(publications)):
+        # Only verify's own names: a user's table verify_<x> has a slot outbox_verify_<x>
+        # too, but its publication publishes verify_<x>, not a table of the slot's name.
+        if not VERIFY_NAME.fullmatch(name) or not _publishes_only_itself(conn, name):
+            continue
         if not _try_lock(conn, name):
             continue  # a live check's
         try:
             drop_slot(conn, name)
             drop_publication(conn, name)
             dropped.append(name)
-        except WalError:
-            pass  # taken by a reader meanwhile: not abandoned after all
+        except (WalError, sa.exc.DBAPIError):
+            conn.rollback()  # taken by a reader meanwhile, or not ours: left alone
         finally:
             _unlock(conn, name)
             conn.commit()
     return dropped
+
+
+def _publishes_only_itself(conn: sa.Connection, name: str) -> bool:
+    """The publication ``name`` (if any) publishes no table but one named ``name``."""
+    tables = conn.execute(
+        sa.text("SELECT tablename FROM pg_publication_tables WHERE pubname = :name"),
+        {"name": name},
+    ).scalars()
+    return set(tables) <= {name}
 
 
 @contextmanager

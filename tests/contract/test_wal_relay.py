@@ -51,7 +51,7 @@ import sqlalchemy as sa
 
 from outbox_core import Outbox
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.cli.wal import install_wal, uninstall_wal, wal_relay
+from outbox_core.cli.wal import install_wal, uninstall_wal, wal_relay, wal_status
 from outbox_core.dialects.postgresql.wal import SlotInUse, slot_facts
 from outbox_core.message import Event, Outcome, State
 from outbox_core.relay.wal import WalRelay
@@ -222,6 +222,116 @@ def test_a_delayed_event_waits_and_holds_its_key(feed: Feed) -> None:
     wait_for(lambda: len(queue.snapshot()) == 3, 10, "the delayed event")
     assert time.monotonic() - committed >= 1.4
     assert [e.event_id for e in queue.snapshot()] == [other, later, behind]
+
+
+def test_a_relay_catching_up_reports_the_backlog_age_not_zero(feed: Feed) -> None:
+    """Each step reads a batch and publishes it all (nothing held between steps): the
+    age of what is still unread in the slot is what status and /metrics must show."""
+    with feed.outbox.engine.connect() as conn:
+        for n in range(1500):
+            feed.outbox.enqueue(conn, TOPIC, {"n": n}, key=f"k{n % 50}")
+            conn.commit()
+    time.sleep(1.5)
+    queue = MemoryQueue("wal-behind")
+    relay = feed.start(MemoryBroker(queue), batch_size=50)
+    ages: list[float] = []
+    while len(queue.snapshot()) < 1400:
+        oldest = relay.oldest_unpublished
+        if oldest is not None:
+            ages.append((datetime.now(UTC) - oldest).total_seconds())
+        time.sleep(0.005)
+    assert ages and max(ages) >= 1.5, ages[:5]
+    wait_for(lambda: relay.published == 1500, 20, "the backlog drained")
+    wait_for(lambda: relay.oldest_unpublished is None, 5, "nothing unpublished once caught up")
+
+
+# ------------------------------------------------------------------ long waits go to the table
+
+
+class KeyNotHeld(WalRelay):
+    """Broken on purpose: hands a long wait to the table but not its key's later events."""
+
+    @property  # type: ignore[override]
+    def deferred_keys(self) -> set[str]:
+        return set()
+
+    @deferred_keys.setter
+    def deferred_keys(self, value: set[str]) -> None:
+        pass
+
+
+def wal_lsn(feed: Feed) -> int:
+    with feed.outbox.engine.connect() as conn:
+        return int(str(conn.execute(sa.text("SELECT pg_current_wal_lsn() - '0/0'")).scalar()))
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["relay", "key-not-held"])
+def test_a_long_delay_waits_in_the_table_and_the_slot_moves_on(feed: Feed, broken: bool) -> None:
+    queue = MemoryQueue("wal-defer")
+    relay = feed.start(MemoryBroker(queue), defer_after=1.0)
+    if broken:
+        relay.__class__ = KeyNotHeld
+    with feed.outbox.engine.begin() as conn:
+        late = feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="a", delay=4)
+    behind, other = feed.enqueue(("a", {"n": 2}), ("b", {"n": 3}))
+    committed, lsn = time.monotonic(), wal_lsn(feed)
+    if broken:
+        # Its key's later event overtakes it: what the hand-over of the key prevents.
+        wait_for(lambda: len(queue.snapshot()) == 3, 15, "every event")
+        order = [e.event_id for e in queue.snapshot()]
+        assert order.index(behind) < order.index(late)
+        return
+    wait_for(lambda: [e.event_id for e in queue.snapshot()] == [other], 10, "the other key's")
+    # The slot moved past both transactions while a's events wait in the table, not memory.
+    wait_for(lambda: feed.confirmed() >= lsn, 2.5, "the slot confirmed past the delayed events")
+    assert time.monotonic() - committed < 3.5 and relay.held == 0
+    with feed.outbox.engine.connect() as conn:
+        t = feed.outbox.table
+        owners = dict(
+            conn.execute(sa.select(t.c.event_id, t.c.lease_owner).where(t.c.key == "a")).all()
+        )
+    assert owners == {late: "wal:deferred", behind: "wal:deferred"}
+    shown = wal_status(feed.outbox, feed.outbox.settings)
+    assert shown.deferred == 2 and shown.oldest_unpublished_age is not None
+    wait_for(lambda: len(queue.snapshot()) == 3, 15, "the delayed event and the one behind it")
+    assert time.monotonic() - committed >= 3.9
+    assert [e.event_id for e in queue.snapshot()] == [other, late, behind]
+    assert feed.rows()[late][0] == State.SENT and feed.rows()[behind][0] == State.SENT
+    assert relay.deferred == 2 and relay.published == 3
+
+
+def test_a_long_backoff_hands_the_key_over_and_the_next_relay_finishes_it_in_order(
+    feed: Feed,
+) -> None:
+    queue = MemoryQueue("wal-defer-retry")
+    calls: dict[str, int] = {}
+
+    def decide(event: Event) -> Outcome | None:
+        calls[event.event_id] = calls.get(event.event_id, 0) + 1
+        if event.payload.get("fail") and calls[event.event_id] == 1:
+            return Outcome.retry("later")
+        return None
+
+    knobs: dict[str, Any] = {"defer_after": 1.0, "backoff_base": 3.0, "backoff_cap": 3.0}
+    first = feed.start(MemoryBroker(queue, decide=decide), **knobs)
+    failing, behind = feed.enqueue(("x", {"fail": True}), ("x", {"n": 2}))
+    wait_for(lambda: calls.get(failing) == 1, 10, "the first attempt")
+    wait_for(lambda: first.held == 0, 5, "x handed to the table")
+    assert feed.rows()[failing][1] == 1  # the attempt spent is in the row
+    first.stop()
+    feed.threads[0].join(30)
+    # A new relay: x is still held (its next event goes to the table behind the others).
+    second = feed.start(MemoryBroker(queue, decide=decide), **knobs)
+    wait_for(lambda: "x" in second.deferred_keys, 10, "the key held at connect")
+    (later,) = feed.enqueue(("x", {"n": 3}))
+    wait_for(lambda: len(queue.snapshot()) == 3, 20, "x's three events")
+    assert [e.event_id for e in queue.snapshot()] == [failing, behind, later]
+    assert calls == {failing: 2, behind: 1, later: 1}
+    assert {feed.rows()[i][0] for i in (failing, behind, later)} == {State.SENT}
+    wait_for(lambda: not second.deferred_keys, 5, "x back to the stream")
+    (last,) = feed.enqueue(("x", {"n": 4}))
+    wait_for(lambda: len(queue.snapshot()) == 4, 10, "x's next event, from the stream")
+    assert queue.snapshot()[-1].event_id == last and feed.rows()[last][0] == State.PENDING
 
 
 # ------------------------------------------------------------------ failures
@@ -757,6 +867,8 @@ def test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # The delayed event stays in memory (not handed to the table) for this test.
+        env={**os.environ, "OUTBOX_DEFER_AFTER": "1h"},
     )  # fmt: skip
 
     def status() -> dict[str, Any]:

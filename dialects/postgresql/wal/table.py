@@ -28,6 +28,9 @@ from outbox_core.schema import in_state
 
 #: A report older than this, or a slot nobody reads, means no relay is relaying.
 REPORT_STALE = 10.0
+#: ``lease_owner`` of a row handed back to the table: its event waits there (a long
+#: delay or backoff) instead of in the relay's memory, which would hold the slot.
+DEFERRED = "wal:deferred"
 
 
 def progress_table(outbox: sa.Table) -> sa.Table:
@@ -42,7 +45,8 @@ def progress_table(outbox: sa.Table) -> sa.Table:
         sa.MetaData(),
         sa.Column("slot", sa.String(63), primary_key=True),
         sa.Column("relay", sa.String(64), nullable=False),
-        sa.Column("confirmed_lsn", sa.BigInteger(), nullable=False),
+        # NULL until the relay's stream confirmed something.
+        sa.Column("confirmed_lsn", sa.BigInteger()),
         sa.Column("held", sa.Integer(), nullable=False),
         sa.Column("oldest_held_at", sa.DateTime(timezone=True)),
         sa.Column("reported_at", sa.DateTime(timezone=True), nullable=False),
@@ -55,7 +59,7 @@ class Progress:
     """A slot's relay as it last reported, and the database's time of reading it."""
 
     relay: str
-    confirmed_lsn: int
+    confirmed_lsn: int | None
     held: int
     oldest_held_at: datetime | None
     reported_at: datetime
@@ -89,6 +93,29 @@ class SlotStatus:
     report_age: float | None = None
     oldest_unpublished_age: float | None = None
     estimated: bool = False
+    #: Events handed to the table to wait (long delays and backoffs).
+    deferred: int = 0
+
+
+def _deferred_index(outbox: sa.Table) -> sa.Index:
+    """``(lease_until) WHERE`` deferred: the few rows waiting in the table, in hand-over order.
+
+    On a copy of the table: it is made by ``install --source wal`` only.
+    """
+    copy = sa.Table(
+        outbox.name,
+        sa.MetaData(),
+        sa.Column("state", sa.SmallInteger()),
+        sa.Column("lease_owner", sa.String(64)),
+        sa.Column("lease_until", sa.DateTime(timezone=True)),
+        schema=outbox.schema,
+    )
+    c = copy.c
+    return sa.Index(
+        f"ix_{outbox.name}_wal_deferred",
+        c.lease_until,
+        postgresql_where=sa.and_(in_state(c.state, State.PENDING), c.lease_owner == DEFERRED),
+    )
 
 
 class WalTable:
@@ -106,6 +133,23 @@ class WalTable:
         self.table = dialect.table
         self.columns = dialect.claim_columns(self.table)
         self.progress_table = progress_table(self.table)
+        self._deferred_index = _deferred_index(self.table)
+        t = self.table
+        self.is_deferred = sa.and_(in_state(t.c.state, State.PENDING), t.c.lease_owner == DEFERRED)
+        defer = postgresql.insert(t)
+        # By event_id, as for dead rows; only a row not already handed over (a
+        # reconnect resends its insert) or sent (by the table path) changes.
+        self._defer = defer.on_conflict_do_update(
+            index_elements=[t.c.event_id],
+            set_={
+                "lease_owner": defer.excluded.lease_owner,
+                "lease_until": defer.excluded.lease_until,
+                "available_at": defer.excluded.available_at,
+                "attempts": defer.excluded.attempts,
+                "last_error": defer.excluded.last_error,
+            },
+            where=sa.and_(in_state(t.c.state, State.PENDING), t.c.lease_owner.is_(None)),
+        )
         stmt = postgresql.insert(self.table)
         # By event_id: the row may have been removed by cleanup already (then it is
         # inserted again, dead; that insert is in the log with state DEAD, skipped).
@@ -198,6 +242,8 @@ class WalTable:
         old = sa.and_(
             in_state(t.c.state, State.PENDING, State.SENT),
             t.c.available_at < self.dialect.after(-older_than),
+            # A deferred row is an event still to publish.
+            t.c.lease_owner.is_distinct_from(DEFERRED),
         )
         pick = self.dialect.lock_rows(sa.select(t.c.id).where(old).limit(batch))
         with self.dialect.transaction(conn):
@@ -208,15 +254,18 @@ class WalTable:
 
     # -- progress -------------------------------------------------------------------------
 
-    def create_progress(self, conn: Connection) -> None:
-        """Create ``<table>_wal`` when it is missing (``outbox install --source wal``)."""
+    def install(self, conn: Connection) -> None:
+        """Create ``<table>_wal`` and the deferred rows' index where missing
+        (``outbox install --source wal``)."""
         with self.dialect.transaction(conn):
             self.progress_table.create(conn, checkfirst=True)
+            self._deferred_index.create(conn, checkfirst=True)
 
-    def drop_progress(self, conn: Connection) -> None:
-        """Drop ``<table>_wal`` if it exists (``outbox uninstall --source wal``)."""
+    def uninstall(self, conn: Connection) -> None:
+        """Drop ``<table>_wal`` and the index if they exist (``outbox uninstall --source wal``)."""
         with self.dialect.transaction(conn):
             self.progress_table.drop(conn, checkfirst=True)
+            self._deferred_index.drop(conn, checkfirst=True)
 
     def has_progress(self, conn: Connection) -> bool:
         """Whether ``<table>_wal`` exists."""
@@ -237,7 +286,7 @@ class WalTable:
         p = self.progress_table
         values = {
             "relay": relay[:64],
-            "confirmed_lsn": confirmed_lsn,
+            "confirmed_lsn": confirmed_lsn or None,
             "held": held,
             "oldest_held_at": oldest_held_at,
             "reported_at": sa.func.now(),
@@ -280,10 +329,13 @@ class WalTable:
         progress = self.progress(conn, slot)
         reading = facts.active and progress is not None and progress.age <= REPORT_STALE
         age: float | None = None
+        deferred, oldest_deferred = self.oldest_deferred(conn)
         if progress is not None:
             oldest = progress.oldest_held_at
             if not reading and oldest is None:
                 oldest = self.oldest_created_since(conn, progress.reported_at)
+            if oldest_deferred is not None and (oldest is None or oldest_deferred < oldest):
+                oldest = oldest_deferred
             if oldest is not None:
                 age = max(0.0, (progress.now - oldest).total_seconds())
             elif reading:
@@ -303,4 +355,146 @@ class WalTable:
             report_age=None if progress is None else progress.age,
             oldest_unpublished_age=age,
             estimated=not reading,
+            deferred=deferred,
         )
+
+    # -- deferred rows ----------------------------------------------------------------------
+
+    @staticmethod
+    def is_ours(row: WalRow) -> bool:
+        """The row was handed to the table by a relay (its insert or update is in the log)."""
+        return row.values.get("lease_owner") == DEFERRED
+
+    def defer(
+        self, conn: Connection, rows: Sequence[tuple[Event, int, datetime, datetime, str | None]]
+    ) -> None:
+        """``(event, attempts, due, order, error)``: hand each event to the table, one transaction.
+
+        ``order`` (in ``lease_until``) keeps the hand-over order, which is the
+        log's commit order: ids need not be.
+        """
+        values: list[Mapping[str, Any]] = [
+            {
+                "id": event.id,
+                "event_id": event.event_id,
+                "topic": event.topic,
+                "key": event.key,
+                "payload": event.payload,
+                "headers": dict(event.headers) or None,
+                "state": int(State.PENDING),
+                "attempts": attempts,
+                "available_at": due,
+                "lease_owner": DEFERRED,
+                "lease_until": order,
+                "created_at": event.created_at,
+                "last_error": None if error is None else error[:MAX_ERROR],
+            }
+            for event, attempts, due, order, error in rows
+        ]
+        with self.dialect.transaction(conn):
+            conn.execute(self._defer, values)
+
+    def deferred_keys(self, conn: Connection) -> set[str]:
+        """Keys with events waiting in the table: the key's later events wait there too."""
+        t = self.table
+        query = sa.select(t.c.key).where(self.is_deferred, t.c.key.is_not(None)).distinct()
+        return {str(k) for k in conn.execute(query).scalars()}
+
+    def deferred_runs(self, conn: Connection, limit: int, token: str) -> list[tuple[Event, int]]:
+        """Deferred events now due, each key's from its first in hand-over order, and the
+        attempts each has spent.
+
+        A key whose first deferred event is not due yet gives none (its later
+        ones wait behind it).
+        """
+        t = self.table
+        earlier = t.alias("earlier")
+        not_due_before = (
+            sa.select(earlier.c.id)
+            .where(
+                in_state(earlier.c.state, State.PENDING),
+                earlier.c.lease_owner == DEFERRED,
+                earlier.c.key == t.c.key,
+                earlier.c.lease_until < t.c.lease_until,
+                earlier.c.available_at > sa.func.now(),
+            )
+            .exists()
+        )
+        query = (
+            sa.select(*self.columns)
+            .where(self.is_deferred, t.c.available_at <= sa.func.now(), ~not_due_before)
+            .order_by(t.c.lease_until)
+            .limit(limit)
+        )
+        return [
+            (self.dialect.to_event(r, token, attempts_offset=1), int(r[6]))
+            for r in conn.execute(query)
+        ]
+
+    def settle_deferred(
+        self,
+        conn: Connection,
+        *,
+        sent: Sequence[int],
+        retries: Sequence[tuple[int, int, float, str]],
+        delete: bool,
+    ) -> None:
+        """Deferred rows published (``sent`` ids) and to try again ``(id, attempts, in, error)``."""
+        t = self.table
+        with self.dialect.transaction(conn):
+            if sent:
+                mine = sa.and_(self.dialect.id_in(sent), self.is_deferred)
+                if delete:
+                    conn.execute(sa.delete(t).where(mine))
+                else:
+                    conn.execute(
+                        sa.update(t)
+                        .where(mine)
+                        .values(
+                            state=int(State.SENT),
+                            sent_at=sa.func.now(),
+                            lease_owner=None,
+                            lease_until=None,
+                        )
+                    )
+            for row_id, attempts, delay, error in retries:
+                conn.execute(
+                    sa.update(t)
+                    .where(t.c.id == row_id, self.is_deferred)
+                    .values(
+                        attempts=attempts,
+                        available_at=self.dialect.after(delay),
+                        last_error=error[:MAX_ERROR],
+                    )
+                )
+
+    def kill_deferred(self, conn: Connection, keys: set[str]) -> None:
+        """The deferred rows of ``keys`` dead, held behind a dead event of their key."""
+        t = self.table
+        with self.dialect.transaction(conn):
+            conn.execute(
+                sa.update(t)
+                .where(self.is_deferred, t.c.key.in_(sorted(keys)))
+                .values(
+                    state=int(State.DEAD),
+                    lease_owner=None,
+                    lease_until=None,
+                    last_error=sa.func.concat(
+                        "held: an earlier event of key ", t.c.key, " is dead"
+                    ),
+                )
+            )
+
+    def dead_count(self, conn: Connection) -> int:
+        """Dead rows (the partial index of dead rows: cheap on a table of pending rows)."""
+        t = self.table
+        query = sa.select(sa.func.count()).where(in_state(t.c.state, State.DEAD))
+        return int(conn.execute(query).scalar_one())
+
+    def oldest_deferred(self, conn: Connection) -> tuple[int, datetime | None]:
+        """How many events wait in the table, and the oldest one's ``created_at``."""
+        t = self.table
+        row = conn.execute(
+            sa.select(sa.func.count(), sa.func.min(t.c.created_at)).where(self.is_deferred)
+        ).one()
+        return int(row[0]), row[1]
