@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,6 @@ from outbox_core.dialects.postgresql.wal import (
 from outbox_core.verify import GUARANTEES, verify
 from outbox_core.verify.wal import LOCK_CLASS
 from tests.conftest import BACKENDS, _probe, server_url, unavailable
-from tests.contract.test_wal_stream import LOGICAL, private_postgres
 from tests.faults.private_servers import PrivatePostgres
 
 pytestmark = [pytest.mark.needs_server, pytest.mark.alone]
@@ -59,16 +57,6 @@ def run(*args: str) -> tuple[int, str, str]:
         env=os.environ.copy(),
     )
     return done.returncode, done.stdout, done.stderr
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[PrivatePostgres]:
-    pg = private_postgres(LOGICAL)
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.remove()
 
 
 @pytest.fixture
@@ -124,9 +112,9 @@ def test_the_wal_rows_are_guarantees() -> None:
     assert all(len(name) <= 17 for name in WAL_ROWS)
 
 
-def test_the_wal_rows_pass_on_a_logical_server(server: PrivatePostgres) -> None:
+def test_the_wal_rows_pass_on_a_logical_server(logical_server: PrivatePostgres) -> None:
     started = time.monotonic()
-    report = verify(server.url, only=WAL_ROWS)
+    report = verify(logical_server.url, only=WAL_ROWS)
     took = time.monotonic() - started
     statuses = {r.name: (r.status, r.detail) for r in report.results}
     assert report.ok, statuses
@@ -137,16 +125,16 @@ def test_the_wal_rows_pass_on_a_logical_server(server: PrivatePostgres) -> None:
     print(f"wal rows (default mode): {took:.1f}s; " + ", ".join(
         f"{r.name} {r.seconds:.1f}s" for r in report.results
     ))  # fmt: skip
-    assert leftovers(server.url) == NOTHING_LEFT
+    assert leftovers(logical_server.url) == NOTHING_LEFT
 
 
-def test_outbox_verify_only_wal_commit_order(server: PrivatePostgres) -> None:
+def test_outbox_verify_only_wal_commit_order(logical_server: PrivatePostgres) -> None:
     """The documented command, as a process."""
-    code, out, err = run("verify", "--db", server.url, "--only", "wal-commit-order")
+    code, out, err = run("verify", "--db", logical_server.url, "--only", "wal-commit-order")
     assert code == 0, out + err
     assert "PASS  wal-commit-order" in out
     assert "1 passed, 0 failed, 0 skipped" in out
-    assert leftovers(server.url) == NOTHING_LEFT
+    assert leftovers(logical_server.url) == NOTHING_LEFT
 
 
 def test_on_a_server_without_logical_wal_the_rows_skip_naming_wal_level(shared: str) -> None:
@@ -172,14 +160,14 @@ def test_on_a_server_without_logical_wal_the_rows_skip_naming_wal_level(shared: 
     assert "1 passed, 0 failed, 3 skipped" in out
 
 
-def test_a_role_without_replication_skips_naming_it(server: PrivatePostgres) -> None:
-    admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+def test_a_role_without_replication_skips_naming_it(logical_server: PrivatePostgres) -> None:
+    admin = sa.create_engine(logical_server.url, poolclass=sa.pool.NullPool)
     with admin.begin() as conn:
         conn.execute(sa.text("DROP ROLE IF EXISTS verify_plain"))
         conn.execute(sa.text("CREATE ROLE verify_plain LOGIN NOREPLICATION"))
         conn.execute(sa.text("GRANT CREATE ON SCHEMA public TO verify_plain"))
     try:
-        url = server.url.replace("postgres@", "verify_plain@", 1)
+        url = logical_server.url.replace("postgres@", "verify_plain@", 1)
         report = verify(url, only=["wal-commit-order", "atomic"])
         statuses = {r.name: (r.status, r.detail) for r in report.results}
         assert report.ok, statuses
@@ -191,7 +179,7 @@ def test_a_role_without_replication_skips_naming_it(server: PrivatePostgres) -> 
             conn.execute(sa.text("DROP OWNED BY verify_plain"))
             conn.execute(sa.text("DROP ROLE verify_plain"))
         admin.dispose()
-    assert leftovers(server.url) == NOTHING_LEFT
+    assert leftovers(logical_server.url) == NOTHING_LEFT
 
 
 def _in_xid_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,19 +222,25 @@ BREAKS: dict[str, Any] = {"xid-order": _in_xid_order, "confirm-all": _confirming
     ],
 )
 def test_a_broken_reader_fails_the_row_it_breaks_and_the_slot_is_dropped(
-    server: PrivatePostgres, monkeypatch: pytest.MonkeyPatch, breaks: str, row: str, says: str
+    logical_server: PrivatePostgres,
+    monkeypatch: pytest.MonkeyPatch,
+    breaks: str,
+    row: str,
+    says: str,
 ) -> None:
     BREAKS[breaks](monkeypatch)
-    report = verify(server.url, mode="quick", only=[row])
+    report = verify(logical_server.url, mode="quick", only=[row])
     assert not report.ok
     [result] = report.results
     assert result.name == row and result.status == "fail", result
     assert says in result.detail, result.detail
-    assert leftovers(server.url) == NOTHING_LEFT
+    assert leftovers(logical_server.url) == NOTHING_LEFT
 
 
-def test_a_slot_a_dead_run_left_is_dropped_and_a_live_one_is_not(server: PrivatePostgres) -> None:
-    engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+def test_a_slot_a_dead_run_left_is_dropped_and_a_live_one_is_not(
+    logical_server: PrivatePostgres,
+) -> None:
+    engine = sa.create_engine(logical_server.url, poolclass=sa.pool.NullPool)
     abandoned, live = "outbox_verify_deadbeef00", "outbox_verify_0000a11ce0"
     with engine.begin() as conn:
         for name in (abandoned, live):
@@ -262,11 +256,11 @@ def test_a_slot_a_dead_run_left_is_dropped_and_a_live_one_is_not(server: Private
             sa.text("SELECT pg_advisory_lock(hashtext(:kind), hashtext(:name))"),
             {"kind": LOCK_CLASS, "name": live},
         )
-        report = verify(server.url, mode="quick", only=["wal-at-least-once"])
+        report = verify(logical_server.url, mode="quick", only=["wal-at-least-once"])
         [result] = report.results
         assert result.status == "pass", result
         assert f"dropped 1 abandoned verify slot(s): {abandoned}" in result.detail
-        left = leftovers(server.url)
+        left = leftovers(logical_server.url)
         assert left["slots"] == [live] and left["publications"] == [live], left
     finally:
         holder.close()
@@ -276,4 +270,4 @@ def test_a_slot_a_dead_run_left_is_dropped_and_a_live_one_is_not(server: Private
                 drop_publication(conn, name)
                 conn.execute(sa.text(f"DROP TABLE IF EXISTS {name}"))
         engine.dispose()
-    assert leftovers(server.url) == NOTHING_LEFT
+    assert leftovers(logical_server.url) == NOTHING_LEFT

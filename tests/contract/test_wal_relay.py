@@ -56,7 +56,7 @@ from outbox_core.dialects.postgresql.wal import SlotInUse, slot_facts
 from outbox_core.message import Event, Outcome, State
 from outbox_core.relay.wal import WalRelay
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
-from tests.contract.test_wal_stream import LOGICAL, private_postgres, retry
+from tests.contract.test_wal_stream import private_postgres, retry
 from tests.faults.private_servers import PrivatePostgres, free_port
 
 pytestmark = pytest.mark.needs_server
@@ -69,21 +69,11 @@ TOPIC = "contract.wal"
 RELAY = ("relay", "--source", "wal")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PrivatePostgres]:
-    pg = private_postgres(LOGICAL)
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.remove()
-
-
 @dataclass
 class Feed:
     """One test's outbox table with its publication and slot."""
 
-    server: PrivatePostgres
+    logical_server: PrivatePostgres
     outbox: Outbox
     relays: list[WalRelay] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -126,11 +116,11 @@ class Feed:
 
 
 @pytest.fixture
-def feed(server: PrivatePostgres) -> Iterator[Feed]:
-    outbox = Outbox(server.url, table=f"wr_{uuid.uuid4().hex[:10]}")
+def feed(logical_server: PrivatePostgres) -> Iterator[Feed]:
+    outbox = Outbox(logical_server.url, table=f"wr_{uuid.uuid4().hex[:10]}")
     outbox.install()
     install_wal(outbox, outbox.settings)
-    made = Feed(server, outbox)
+    made = Feed(logical_server, outbox)
     try:
         yield made
     finally:
@@ -392,7 +382,7 @@ def test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream(
     status = feed.outbox.status()
     assert [(d.topic, d.count) for d in status.dead] == [(TOPIC, 3)]
     poisoned.clear()
-    result = run("replay", "--db", feed.server.url, "--table", feed.table, "--key", "a")
+    result = run("replay", "--db", feed.logical_server.url, "--table", feed.table, "--key", "a")
     assert result.returncode == 0 and "replayed 3 dead events" in result.stdout, result.stderr
     wait_for(lambda: len(queue.snapshot()) == 4, 15, "the replayed events")
     assert [e.event_id for e in queue.snapshot()] == [other, bad, held, later]
@@ -528,7 +518,7 @@ def test_a_postgresql_restart_under_load_loses_nothing(feed: Feed) -> None:
     ids: list[str] = []
     for mode in ("fast", "immediate"):
         ids += feed.enqueue(*[(f"k{i % 3}", {"i": i}) for i in range(20)])
-        feed.server.restart(mode)
+        feed.logical_server.restart(mode)
         ids += feed.enqueue(*[(f"k{i % 3}", {"i": i, "after": mode}) for i in range(20)])
     wanted = set(ids)
     wait_for(lambda: wanted <= {e.event_id for e in queue.snapshot()}, 30, "every event")
@@ -565,7 +555,7 @@ def test_sigkilled_relays_with_a_standby_lose_nothing_and_keep_commit_order(
     def spawn() -> None:
         name = f"relay{len(procs)}"
         logs[name] = (tmp_path / f"{name}.log").open("w+")
-        args = ["--db", feed.server.url, "--table", feed.table, "--broker", url]
+        args = ["--db", feed.logical_server.url, "--table", feed.table, "--broker", url]
         args += ["--broker-option", f"exchange={rabbit.exchange}", "--name", name]
         # Delays of a second go through the table (hand-overs under the kills too).
         env = dict(os.environ, OUTBOX_DEFER_AFTER="0.5")
@@ -673,10 +663,10 @@ def test_sigkilled_relays_with_a_standby_lose_nothing_and_keep_commit_order(
 # ------------------------------------------------------------------ install and refusals
 
 
-def test_install_and_uninstall_source_wal(server: PrivatePostgres) -> None:
+def test_install_and_uninstall_source_wal(logical_server: PrivatePostgres) -> None:
     table = f"wi_{uuid.uuid4().hex[:8]}"
     slot = f"outbox_{table}"
-    url = server.url
+    url = logical_server.url
     try:
         for word in ("created", "exists"):
             result = run("install", "--db", url, "--table", table, "--source", "wal")
@@ -727,7 +717,9 @@ def one_error(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr
 
 
-def test_source_wal_is_refused_where_it_cannot_work(server: PrivatePostgres, tmp_path: Any) -> None:
+def test_source_wal_is_refused_where_it_cannot_work(
+    logical_server: PrivatePostgres, tmp_path: Any
+) -> None:
     sqlite = f"sqlite:///{tmp_path}/o.db"
     for name in ("install", "relay"):
         extra = ("--broker", "memory://") if name == "relay" else ()
@@ -735,17 +727,17 @@ def test_source_wal_is_refused_where_it_cannot_work(server: PrivatePostgres, tmp
         assert "PostgreSQL" in error and "--source table" in error
     # A role without REPLICATION, its password never shown.
     role = f"norepl_{uuid.uuid4().hex[:6]}"
-    engine = sa.create_engine(server.url)
+    engine = sa.create_engine(logical_server.url)
     with engine.begin() as conn:
         conn.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD 'Secret-pw-1'"))
     try:
-        url = server.url.replace("postgres@", f"{role}:Secret-pw-1@")
+        url = logical_server.url.replace("postgres@", f"{role}:Secret-pw-1@")
         error = one_error(run("install", "--db", url, "--table", "nope", "--source", "wal"))
         assert "REPLICATION" in error and "Secret-pw-1" not in error
         with engine.connect() as conn:
             assert not sa.inspect(conn).has_table("nope")  # refused before the table
         error = one_error(
-            run("relay", "--db", server.url, "--table", "nope", "--source", "wal",
+            run("relay", "--db", logical_server.url, "--table", "nope", "--source", "wal",
                 "--broker", "memory://")
         )  # fmt: skip
         assert "not found" in error or "does not exist" in error
@@ -809,7 +801,7 @@ def test_the_doctor_reports_the_slot_unread_then_read_and_errs_past_the_retained
     from outbox_core.dialects.postgresql.doctor import log_tailing
     from outbox_core.doctor.model import DoctorContext, Severity, Thresholds
 
-    args = ("doctor", "--db", feed.server.url, "--table", feed.outbox.table.name, "--json")
+    args = ("doctor", "--db", feed.logical_server.url, "--table", feed.outbox.table.name, "--json")
 
     def finding(*extra: str) -> tuple[int, dict[str, Any]]:
         result = run(*args, *extra)
@@ -845,7 +837,7 @@ def test_a_publication_without_updates_or_the_table_is_refused(feed: Feed) -> No
 
     (The publication is named as the slot, ``outbox_<table>``.)
     """
-    args = ("relay", "--db", feed.server.url, "--table", feed.outbox.table.name)
+    args = ("relay", "--db", feed.logical_server.url, "--table", feed.outbox.table.name)
     with feed.outbox.engine.begin() as conn:
         conn.execute(sa.text(f"ALTER PUBLICATION {feed.slot} SET (publish = 'insert')"))
     error = one_error(run(*args, "--source", "wal", "--broker", "memory://"))
@@ -878,7 +870,7 @@ def gauge(text: str, name: str) -> float | None:
 def test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event(
     feed: Feed,
 ) -> None:
-    url, table = feed.server.url, feed.table
+    url, table = feed.logical_server.url, feed.table
     port = free_port()
     relay = subprocess.Popen(
         outbox_cmd(*RELAY, "--db", url, "--table", table, "--broker", "memory://",

@@ -92,19 +92,9 @@ def private_postgres(settings: dict[str, str] | None = None) -> PrivatePostgres:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PrivatePostgres]:
-    pg = private_postgres(LOGICAL)
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.remove()
-
-
-@pytest.fixture(scope="module")
-def engine(server: PrivatePostgres) -> Iterator[sa.Engine]:
+def engine(logical_server: PrivatePostgres) -> Iterator[sa.Engine]:
     # NullPool: the restart tests would leave a pool of dead connections.
-    made = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+    made = sa.create_engine(logical_server.url, poolclass=sa.pool.NullPool)
     yield made
     made.dispose()
 
@@ -113,7 +103,7 @@ def engine(server: PrivatePostgres) -> Iterator[sa.Engine]:
 class Feed:
     """One test's table, publication and slot, and the readers it opened."""
 
-    server: PrivatePostgres
+    logical_server: PrivatePostgres
     engine: sa.Engine
     table: str
     streams: list[WalStream] = field(default_factory=list)
@@ -129,7 +119,7 @@ class Feed:
     def stream(self, **kwargs: Any) -> WalStream:
         kwargs.setdefault("wal_sender_timeout", 10.0)
         made = WalStream(
-            self.server.url,
+            self.logical_server.url,
             slot=self.slot,
             publication=self.publication,
             tables=[("public", self.table)],
@@ -167,8 +157,8 @@ class Feed:
 
 
 @pytest.fixture
-def feed(server: PrivatePostgres, engine: sa.Engine) -> Iterator[Feed]:
-    made = Feed(server, engine, f"wal_{uuid.uuid4().hex[:10]}")
+def feed(logical_server: PrivatePostgres, engine: sa.Engine) -> Iterator[Feed]:
+    made = Feed(logical_server, engine, f"wal_{uuid.uuid4().hex[:10]}")
     with engine.begin() as conn:
         conn.execute(
             sa.text(
@@ -282,7 +272,7 @@ def test_a_transaction_without_watched_rows_is_still_reported(feed: Feed) -> Non
         feed.commit(2)
         # Both tables published, one watched: the other's transaction comes rowless.
         stream = WalStream(
-            feed.server.url,
+            feed.logical_server.url,
             slot=feed.slot,
             publication=[feed.publication, f"{other}_pub"],
             tables=[("public", feed.table)],
@@ -355,7 +345,7 @@ CHILD = textwrap.dedent(
 def test_a_second_reader_takes_over_from_a_sigkilled_one(feed: Feed) -> None:
     feed.commit(1)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, feed.server.url, feed.slot, feed.publication],
+        [sys.executable, "-c", CHILD, feed.logical_server.url, feed.slot, feed.publication],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -425,7 +415,7 @@ def test_a_restart_keeps_the_slot_and_its_saved_confirmed_position(feed: Feed, m
     stream.confirm(first.end_lsn)
     assert feed.wait_confirmed(first.end_lsn).confirmed_flush_lsn == first.end_lsn
     feed.commit(3)  # committed before the restart: must come after it
-    feed.server.restart(mode)
+    feed.logical_server.restart(mode)
     read_until_lost(stream)
     stream.close()
     facts = feed.facts()
@@ -442,7 +432,7 @@ def test_a_confirmation_not_saved_yet_may_be_lost_in_a_restart_but_no_transactio
     first, _ = read(stream, 2)
     stream.confirm(first.end_lsn)
     assert feed.wait_confirmed(first.end_lsn).confirmed_flush_lsn == first.end_lsn
-    feed.server.restart("fast")
+    feed.logical_server.restart("fast")
     read_until_lost(stream)
     stream.close()
     facts = feed.facts()
@@ -557,7 +547,7 @@ def test_confirm_refuses_a_position_the_server_never_sent(feed: Feed) -> None:
 
 
 def test_a_missing_slot_or_publication_is_refused_by_name(feed: Feed) -> None:
-    url = feed.server.url
+    url = feed.logical_server.url
     with pytest.raises(SlotMissing, match="does not exist"):
         WalStream(url, slot="no_such_slot", publication=feed.publication)
     with pytest.raises(PublicationMissing, match="no_such_pub"):
@@ -575,7 +565,7 @@ def test_a_role_without_replication_is_refused_and_its_password_never_shown(
     role, password = f"norepl_{uuid.uuid4().hex[:6]}", "pw-Sekr1t"
     with feed.engine.begin() as conn:
         conn.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'"))
-    url = feed.server.url.replace("postgres@", f"{role}:{password}@")
+    url = feed.logical_server.url.replace("postgres@", f"{role}:{password}@")
     try:
         with pytest.raises(ReplicationNotPermitted) as refused:
             WalStream(url, slot=feed.slot, publication=feed.publication)
