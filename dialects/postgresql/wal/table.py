@@ -97,6 +97,34 @@ class SlotStatus:
     deferred: int = 0
 
 
+def _row(
+    event: Event,
+    state: State,
+    attempts: int,
+    available_at: datetime,
+    error: str | None,
+    *,
+    owner: str | None = None,
+    until: datetime | None = None,
+) -> Mapping[str, Any]:
+    """A whole row of ``event`` for an upsert by ``event_id`` (cleanup may have removed it)."""
+    return {
+        "id": event.id,
+        "event_id": event.event_id,
+        "topic": event.topic,
+        "key": event.key,
+        "payload": event.payload,
+        "headers": dict(event.headers) or None,
+        "state": int(state),
+        "attempts": attempts,
+        "available_at": available_at,
+        "lease_owner": owner,
+        "lease_until": until,
+        "created_at": event.created_at,
+        "last_error": None if error is None else error[:MAX_ERROR],
+    }
+
+
 def _deferred_index(outbox: sa.Table) -> sa.Index:
     """``(lease_until) WHERE`` deferred: the few rows waiting in the table, in hand-over order.
 
@@ -206,22 +234,7 @@ class WalTable:
     def mark_dead(self, conn: Connection, dead: Sequence[tuple[Event, int, str]]) -> None:
         """``(event, attempts, error)``: each row dead, in one transaction."""
         now = datetime.now(UTC)
-        rows: list[Mapping[str, Any]] = [
-            {
-                "id": event.id,
-                "event_id": event.event_id,
-                "topic": event.topic,
-                "key": event.key,
-                "payload": event.payload,
-                "headers": dict(event.headers) or None,
-                "state": int(State.DEAD),
-                "attempts": attempts,
-                "available_at": now,
-                "created_at": event.created_at,
-                "last_error": error[:MAX_ERROR],
-            }
-            for event, attempts, error in dead
-        ]
+        rows = [_row(event, State.DEAD, attempts, now, error) for event, attempts, error in dead]
         with self.dialect.transaction(conn):
             conn.execute(self._dead, rows)
 
@@ -373,22 +386,8 @@ class WalTable:
         ``order`` (in ``lease_until``) keeps the hand-over order, which is the
         log's commit order: ids need not be.
         """
-        values: list[Mapping[str, Any]] = [
-            {
-                "id": event.id,
-                "event_id": event.event_id,
-                "topic": event.topic,
-                "key": event.key,
-                "payload": event.payload,
-                "headers": dict(event.headers) or None,
-                "state": int(State.PENDING),
-                "attempts": attempts,
-                "available_at": due,
-                "lease_owner": DEFERRED,
-                "lease_until": order,
-                "created_at": event.created_at,
-                "last_error": None if error is None else error[:MAX_ERROR],
-            }
+        values = [
+            _row(event, State.PENDING, attempts, due, error, owner=DEFERRED, until=order)
             for event, attempts, due, order, error in rows
         ]
         with self.dialect.transaction(conn):
