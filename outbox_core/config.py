@@ -91,7 +91,8 @@ class Settings:
     #: Log tailing: an event that must wait longer than this (``enqueue(delay=)``,
     #: a retry's backoff) is handed to the table, its key's later events behind
     #: it, so that the slot's confirmed position (and the server's WAL) is not
-    #: held meanwhile. Shorter: fewer events held in memory, more table writes.
+    #: held meanwhile. Shorter: fewer events held in memory, more table writes;
+    #: a very long one (``1y``) keeps every wait in memory.
     defer_after: float = 10.0
 
     def __post_init__(self) -> None:
@@ -101,6 +102,10 @@ class Settings:
             raise ConfigurationError("batch_size must be at least 1")
         if self.max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
+        if self.defer_after <= 0:
+            raise ConfigurationError(
+                "defer_after must be positive (a long one, e.g. 1y, keeps every wait in memory)"
+            )
         if self.poll_interval <= 0 or self.max_poll_interval < self.poll_interval:
             raise ConfigurationError("poll_interval must be positive and <= max_poll_interval")
         # A heartbeat can wait behind a rebalance's locks for up to the relay

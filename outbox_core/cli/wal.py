@@ -6,6 +6,7 @@ The slot and publication are named by ``--slot`` / ``--publication`` (settings
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -127,12 +128,20 @@ def wal_relay(outbox: Outbox, broker: Broker, settings: Settings, name: str | No
         schema = outbox.table.schema or str(
             conn.execute(sa.text("SELECT current_schema()")).scalar()
         )
+        missing = [] if problems else WalTable(outbox.dialect).missing(conn)
     if problems:
         reasons = "; ".join(str(p) for p in problems)
         raise type(problems[0])(
             f"cannot tail the log of {mask_url(outbox.url.render_as_string(hide_password=False))}: "
             f"{reasons} "
             f"(`outbox install --source wal` creates the slot and publication)"
+        )
+    if missing:
+        logging.getLogger("outbox.relay").warning(
+            "%s missing (the table was installed before them): status cannot tell the "
+            "oldest unpublished event's age, and events waiting in the table are found "
+            "slowly; run `outbox install --source wal` again",
+            " and ".join(missing),
         )
     url = outbox.url
     name = name or f"wal-{socket.gethostname().split('.')[0][:20]}-{os.getpid()}"

@@ -72,8 +72,10 @@ IDLE_CONFIRM = 1.0
 PUBLISH = ("insert", "update")
 #: The relay's progress row in ``<table>_wal`` is written at most this often.
 REPORT_EVERY = 1.0
-#: Deferred rows are looked for at most this often (and at once after a full batch).
+#: Deferred rows are looked for at most this often (and at once after a full batch) ...
 DEFERRED_EVERY = 0.5
+#: ... and at least this often while some wait.
+DEFERRED_IDLE = 30.0
 
 
 def wal_names(settings: Settings) -> tuple[str, str]:
@@ -152,7 +154,8 @@ class WalRelay:
         self.dead_keys: set[str] = set()
         #: Keys with events handed to the table: their later events go there too.
         self.deferred_keys: set[str] = set()
-        self._deferred = Due(DEFERRED_EVERY)
+        #: Monotonic time deferred rows are next looked for (the earliest due one).
+        self._deferred_at = 0.0
         self._deferred_full = False
         #: Rows may wait in the table (set by a hand-over, found at connect).
         self._maybe_deferred = False
@@ -173,7 +176,6 @@ class WalRelay:
         #: ``created_at`` of the last event read by a step that stopped at its batch or
         #: the backlog (more is waiting in the slot: that old at least); None: caught up.
         self._behind_at: datetime | None = None
-        self._last_read_at: datetime | None = None
         #: The oldest event read and not published, or waiting unread (as of the last step).
         self.oldest_unpublished: datetime | None = None
         #: Counters for tests and logs: published (broker-confirmed), dead, duplicates unknown.
@@ -254,13 +256,12 @@ class WalRelay:
         self._txns.append(record)
         now, wall = time.monotonic(), datetime.now(UTC)
         handed: list[tuple[Event, int, datetime, str | None]] = []
-        if events:
-            self._last_read_at = events[-1][0].created_at
         for event, available_at in events:
             lane = event.key if event.key is not None else f"\0{event.event_id}"
             # enqueue(delay=): the event waits (TIMESTAMPTZ: aware from the log and the table).
             wait = max(0.0, (available_at - wall).total_seconds())
-            if lane in self.deferred_keys or wait > self.settings.defer_after:
+            held_dead = self.settings.block_on_dead and event.key in self.dead_keys
+            if not held_dead and (lane in self.deferred_keys or wait > self.settings.defer_after):
                 # Behind its key's events in memory, which go to the table first.
                 handed += self._take_lane(lane)
                 handed.append((event, 0, available_at, None))
@@ -324,9 +325,18 @@ class WalRelay:
             elif delay > self.settings.defer_after:
                 # A long backoff would hold the slot: the key's lane waits in the table.
                 item.not_before = now + delay
-                handed += self._take_lane(item.lane)
+                lane = self._take_lane(item.lane)
+                handed += [(e, n, due, error if e is item.event else None) for e, n, due, _ in lane]
                 if item.event.key is not None:
                     self.deferred_keys.add(item.event.key)
+                log.warning(
+                    "event %s (%s) retries in %.1fs, from the table: %s",
+                    item.event.event_id,
+                    item.event.topic,
+                    delay,
+                    error,
+                    extra={"event_id": item.event.event_id, "topic": item.event.topic},
+                )
             else:
                 item.not_before = now + delay
                 log.warning(
@@ -402,6 +412,9 @@ class WalRelay:
         with self.engine.connect() as conn:
             self.table.defer(conn, ordered)
         self._maybe_deferred = True
+        wall = datetime.now(UTC)
+        first_due = min((due - wall).total_seconds() for _, _, due, _ in rows)
+        self._deferred_at = min(self._deferred_at, time.monotonic() + max(0.0, first_due))
         log.info(
             "%d event(s) handed to the table to wait (first %s, key %r)",
             len(rows),
@@ -412,16 +425,13 @@ class WalRelay:
 
     def _publish_deferred(self) -> None:
         """Publish due deferred rows from the table and settle them there."""
+        block = self.settings.block_on_dead
         with self.engine.connect() as conn:
-            runs = self.table.deferred_runs(conn, self.batch_size, self.name)
+            runs = self.table.deferred_runs(conn, self.batch_size, self.name, block_on_dead=block)
+            if not runs:
+                self._schedule_deferred(conn)
         self._deferred_full = len(runs) >= self.batch_size
         if not runs:
-            with self.engine.connect() as conn:
-                # Only this relay hands rows over: none left, none to look for.
-                self._maybe_deferred = self.table.oldest_deferred(conn)[0] > 0
-                if self.deferred_keys:
-                    # Their rows may have been made dead by hand or replayed meanwhile.
-                    self.deferred_keys = self.table.deferred_keys(conn)
             return
         events = [e for e, _ in runs]
         outcomes = self.delivery.deliver(events)
@@ -448,18 +458,26 @@ class WalRelay:
             else:
                 retries.append((event.id, spent + 1, delay, error))
         started = time.monotonic()
+        keys = {e.key for e in events if e.key is not None}
+        dead_keys = {e.key for e, _, _ in dead if e.key is not None} if block else set()
         with self.engine.connect() as conn:
-            self.table.settle_deferred(
-                conn, sent=sent, retries=retries, delete=self.settings.delete_on_send
-            )
-            if dead:
-                self.table.mark_dead(conn, dead)
-                keys = {e.key for e, _, _ in dead if e.key is not None}
-                if self.settings.block_on_dead and keys:
+            # One transaction: a dead row never stands without its key's later rows dead.
+            with self.dialect.transaction(conn):
+                self.table.settle_deferred(
+                    conn, sent=sent, retries=retries, delete=self.settings.delete_on_send
+                )
+                if dead:
+                    self.table.mark_dead(conn, dead)
+                if dead_keys:
                     # The key's later deferred events are held dead behind it.
-                    self.table.kill_deferred(conn, keys)
-                    self.dead_keys |= keys
-            self.deferred_keys = self.table.deferred_keys(conn)
+                    self.table.kill_deferred(conn, dead_keys)
+            self.dead_keys |= dead_keys
+            # Only the keys of this batch can have left the table.
+            still = self.table.deferred_keys(conn, among=keys) if keys else set()
+            self.deferred_keys = (self.deferred_keys - keys) | still
+            if retries:
+                soonest = min(delay for _, _, delay, _ in retries)
+                self._deferred_at = min(self._deferred_at, time.monotonic() + soonest)
         self.published += len(sent)
         self.deferred += len(sent)
         self.dead += len(dead)
@@ -472,6 +490,17 @@ class WalRelay:
                 extra={"event_id": event.event_id, "topic": event.topic},
             )
         self._observe(answered, failures, len(dead), unavailable, len(runs), started)
+
+    def _schedule_deferred(self, conn: sa.Connection) -> None:
+        """Nothing due in the table: look again when its earliest key head is due."""
+        due = self.table.next_deferred_due(conn)
+        self._maybe_deferred = due is not None
+        if due is None:
+            self.deferred_keys = set()  # none left (whatever removed them)
+            return
+        wait = (due - datetime.now(UTC)).total_seconds()
+        # At least DEFERRED_EVERY apart; at most DEFERRED_IDLE (rows replayed meanwhile).
+        self._deferred_at = time.monotonic() + min(max(wait, DEFERRED_EVERY), DEFERRED_IDLE)
 
     def _done(self, item: _Item) -> None:
         lane = self._lanes[item.lane]
@@ -603,13 +632,22 @@ class WalRelay:
                 continue
             if waiting:
                 log.info("slot taken over: relaying")
-            if self.settings.block_on_dead:
-                # At every (re)connect: while this relay stood by, another
-                # may have relayed a replay of a key held here.
-                self._load_dead_keys()
-            with self.engine.connect() as conn:
-                self.deferred_keys = self.table.deferred_keys(conn)
-                self._maybe_deferred = self.table.oldest_deferred(conn)[0] > 0
+            try:
+                if self.settings.block_on_dead:
+                    # At every (re)connect: while this relay stood by, another
+                    # may have relayed a replay of a key held here.
+                    self._load_dead_keys()
+                with self.engine.connect() as conn:
+                    self.deferred_keys = self.table.deferred_keys(conn)
+                    # Hand-overs follow the previous relay's (its clock may be ahead).
+                    last = self.table.last_handed(conn)
+                    if last is not None and last > self._handed_at:
+                        self._handed_at = last
+                    self._maybe_deferred = True
+                    self._deferred_at = 0.0
+            except BaseException:
+                stream.close()
+                raise
             return stream
         return None
 
@@ -633,10 +671,10 @@ class WalRelay:
         due = self._next_due()
         wait = READ_WAIT if due is None else min(READ_WAIT, max(0.0, due - now))
         self._read(stream, wait)
-        if self._maybe_deferred and (self._deferred_full or self._deferred.ready(time.monotonic())):
+        if self._maybe_deferred and (self._deferred_full or time.monotonic() >= self._deferred_at):
             self._publish_deferred()
         batch = self._due(time.monotonic())
-        if batch:
+        if batch and self.breaker.state.up:  # (publishing deferred rows may have found it down)
             self._publish(batch)
         elif self._held >= self.max_backlog:
             # Full, and every lane waits for a retry: answer the server, then wait for it.
@@ -647,6 +685,7 @@ class WalRelay:
     def _read(self, stream: WalStream, wait: float) -> int:
         """Take in transactions until a batch's worth, the backlog or the wait is reached."""
         taken = 0
+        last: datetime | None = None
         while self._held < self.max_backlog and taken < self.batch_size:
             txn = stream.read(wait)
             if txn is None:
@@ -654,11 +693,12 @@ class WalRelay:
                 return taken
             before = self._held
             self._intake(txn)
+            last = txn.commit_time
             # Events against the batch; an eventless transaction counts one (the loop ends).
             taken += max(1, self._held - before)
             wait = 0.0
-        # Stopped at a limit: what waits unread is newer than the last event read.
-        self._behind_at = self._last_read_at
+        # Stopped at a limit: what waits unread committed after the last transaction read.
+        self._behind_at = last
         return taken
 
     def _finish_step(self, stream: WalStream) -> None:

@@ -324,6 +324,50 @@ def test_a_long_backoff_hands_the_key_over_and_the_next_relay_finishes_it_in_ord
     assert queue.snapshot()[-1].event_id == last and feed.rows()[last][0] == State.PENDING
 
 
+def test_a_dead_key_holds_its_long_delayed_events_dead_too(feed: Feed) -> None:
+    queue = MemoryQueue("wal-defer-dead")
+
+    def decide(event: Event) -> Outcome | None:
+        return Outcome.reject("no such customer") if event.payload.get("bad") else None
+
+    relay = feed.start(MemoryBroker(queue, decide=decide), defer_after=1.0)
+    (bad,) = feed.enqueue(("d", {"bad": True}))
+    wait_for(lambda: feed.rows()[bad][0] == State.DEAD, 10, "the rejected event dead")
+    with feed.outbox.engine.begin() as conn:
+        late = feed.outbox.enqueue(conn, TOPIC, {"n": 2}, key="d", delay=1.5)
+    (behind,) = feed.enqueue(("d", {"n": 3}))
+    # Not handed to the table past the dead event: held dead behind it.
+    wait_for(lambda: feed.rows()[behind][0] == State.DEAD, 10, "the key's later events dead")
+    assert feed.rows()[late][0] == State.DEAD
+    time.sleep(2)
+    assert queue.snapshot() == [] and relay.deferred == 0
+
+
+def test_hand_over_order_follows_the_previous_relays_even_when_its_clock_was_ahead(
+    feed: Feed,
+) -> None:
+    queue = MemoryQueue("wal-defer-skew")
+    first = feed.start(MemoryBroker(queue), defer_after=1.0)
+    with feed.outbox.engine.begin() as conn:
+        early = feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="s", delay=3)
+    wait_for(lambda: "s" in first.deferred_keys and first.held == 0, 10, "s handed over")
+    first.stop()
+    feed.threads[0].join(30)
+    # The first relay's host clock ran 30 s ahead of the next one's.
+    t = feed.outbox.table
+    with feed.outbox.engine.begin() as conn:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.event_id == early)
+            .values(lease_until=t.c.lease_until + sa.text("interval '30 seconds'"))
+        )
+    second = feed.start(MemoryBroker(queue), defer_after=1.0)
+    wait_for(lambda: "s" in second.deferred_keys, 10, "the key held at connect")
+    (later,) = feed.enqueue(("s", {"n": 2}))
+    wait_for(lambda: len(queue.snapshot()) == 2, 15, "both events of s")
+    assert [e.event_id for e in queue.snapshot()] == [early, later]
+
+
 # ------------------------------------------------------------------ failures
 
 

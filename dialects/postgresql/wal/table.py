@@ -10,7 +10,7 @@ elsewhere, can tell how old the oldest unpublished event is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -125,6 +125,13 @@ def _row(
     }
 
 
+def _deferred(t: sa.FromClause) -> sa.ColumnElement[bool]:
+    """Pending and handed to the table; the marker inline, as the index's predicate is
+    (a bound value would not match it in a generic plan)."""
+    marker = sa.literal(DEFERRED, literal_execute=True)
+    return sa.and_(in_state(t.c.state, State.PENDING), t.c.lease_owner == marker)
+
+
 def _deferred_index(outbox: sa.Table) -> sa.Index:
     """``(lease_until) WHERE`` deferred: the few rows waiting in the table, in hand-over order.
 
@@ -133,6 +140,7 @@ def _deferred_index(outbox: sa.Table) -> sa.Index:
     copy = sa.Table(
         outbox.name,
         sa.MetaData(),
+        sa.Column("id", sa.BigInteger()),
         sa.Column("state", sa.SmallInteger()),
         sa.Column("lease_owner", sa.String(64)),
         sa.Column("lease_until", sa.DateTime(timezone=True)),
@@ -142,7 +150,10 @@ def _deferred_index(outbox: sa.Table) -> sa.Index:
     return sa.Index(
         f"ix_{outbox.name}_wal_deferred",
         c.lease_until,
+        c.id,
         postgresql_where=sa.and_(in_state(c.state, State.PENDING), c.lease_owner == DEFERRED),
+        # Built while producers insert (install on a live table).
+        postgresql_concurrently=True,
     )
 
 
@@ -163,7 +174,7 @@ class WalTable:
         self.progress_table = progress_table(self.table)
         self._deferred_index = _deferred_index(self.table)
         t = self.table
-        self.is_deferred = sa.and_(in_state(t.c.state, State.PENDING), t.c.lease_owner == DEFERRED)
+        self.is_deferred = _deferred(t)
         defer = postgresql.insert(t)
         # By event_id, as for dead rows; only a row not already handed over (a
         # reconnect resends its insert) or sent (by the table path) changes.
@@ -272,13 +283,27 @@ class WalTable:
         (``outbox install --source wal``)."""
         with self.dialect.transaction(conn):
             self.progress_table.create(conn, checkfirst=True)
-            self._deferred_index.create(conn, checkfirst=True)
+        # CREATE INDEX CONCURRENTLY runs outside a transaction.
+        with conn.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as auto:
+            self._deferred_index.create(auto, checkfirst=True)
+
+    def missing(self, conn: Connection) -> list[str]:
+        """What ``install --source wal`` makes and the table lacks (a table installed
+        before them): the relay runs without, slower or unseen by status."""
+        found = {
+            ix["name"] for ix in sa.inspect(conn).get_indexes(self.table.name, self.table.schema)
+        }
+        gone = [] if self.has_progress(conn) else [self.progress_table.name]
+        if self._deferred_index.name not in found:
+            gone.append(str(self._deferred_index.name))
+        return gone
 
     def uninstall(self, conn: Connection) -> None:
         """Drop ``<table>_wal`` and the index if they exist (``outbox uninstall --source wal``)."""
         with self.dialect.transaction(conn):
             self.progress_table.drop(conn, checkfirst=True)
-            self._deferred_index.drop(conn, checkfirst=True)
+        with conn.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as auto:
+            self._deferred_index.drop(auto, checkfirst=True)
 
     def has_progress(self, conn: Connection) -> bool:
         """Whether ``<table>_wal`` exists."""
@@ -393,37 +418,60 @@ class WalTable:
         with self.dialect.transaction(conn):
             conn.execute(self._defer, values)
 
-    def deferred_keys(self, conn: Connection) -> set[str]:
-        """Keys with events waiting in the table: the key's later events wait there too."""
+    def deferred_keys(self, conn: Connection, among: Collection[str] | None = None) -> set[str]:
+        """Keys (of ``among``, or all) with events waiting in the table: the key's later
+        events wait there too."""
         t = self.table
         query = sa.select(t.c.key).where(self.is_deferred, t.c.key.is_not(None)).distinct()
+        if among is not None:
+            query = query.where(t.c.key.in_(sorted(among)))
         return {str(k) for k in conn.execute(query).scalars()}
 
-    def deferred_runs(self, conn: Connection, limit: int, token: str) -> list[tuple[Event, int]]:
+    def last_handed(self, conn: Connection) -> datetime | None:
+        """The hand-over order (``lease_until``) of the last row handed over."""
+        t = self.table
+        return conn.execute(
+            sa.select(sa.func.max(t.c.lease_until)).where(self.is_deferred)
+        ).scalar()
+
+    def _heads(self, t: sa.FromClause, *, due: bool) -> sa.ColumnElement[bool]:
+        """No earlier deferred row of the key (``due``: none not due yet)."""
+        earlier = self.table.alias("earlier")
+        before = sa.tuple_(earlier.c.lease_until, earlier.c.id) < sa.tuple_(t.c.lease_until, t.c.id)
+        conditions = [_deferred(earlier), earlier.c.key == t.c.key, before]
+        if due:
+            conditions.append(earlier.c.available_at > sa.func.now())
+        return ~sa.select(earlier.c.id).where(*conditions).exists()
+
+    def next_deferred_due(self, conn: Connection) -> datetime | None:
+        """When the earliest key's first deferred row is due (None: no deferred row)."""
+        t = self.table
+        query = sa.select(sa.func.min(t.c.available_at)).where(
+            self.is_deferred, self._heads(t, due=False)
+        )
+        return conn.execute(query).scalar()
+
+    def deferred_runs(
+        self, conn: Connection, limit: int, token: str, *, block_on_dead: bool = True
+    ) -> list[tuple[Event, int]]:
         """Deferred events now due, each key's from its first in hand-over order, and the
         attempts each has spent.
 
         A key whose first deferred event is not due yet gives none (its later
-        ones wait behind it).
+        ones wait behind it); with ``block_on_dead`` neither does a key with a
+        dead row.
         """
         t = self.table
-        earlier = t.alias("earlier")
-        not_due_before = (
-            sa.select(earlier.c.id)
-            .where(
-                in_state(earlier.c.state, State.PENDING),
-                earlier.c.lease_owner == DEFERRED,
-                earlier.c.key == t.c.key,
-                earlier.c.lease_until < t.c.lease_until,
-                earlier.c.available_at > sa.func.now(),
+        where = [self.is_deferred, t.c.available_at <= sa.func.now(), self._heads(t, due=True)]
+        if block_on_dead:
+            dead = self.table.alias("dead")
+            where.append(
+                ~sa.select(dead.c.id)
+                .where(in_state(dead.c.state, State.DEAD), dead.c.key == t.c.key)
+                .exists()
             )
-            .exists()
-        )
         query = (
-            sa.select(*self.columns)
-            .where(self.is_deferred, t.c.available_at <= sa.func.now(), ~not_due_before)
-            .order_by(t.c.lease_until)
-            .limit(limit)
+            sa.select(*self.columns).where(*where).order_by(t.c.lease_until, t.c.id).limit(limit)
         )
         return [
             (self.dialect.to_event(r, token, attempts_offset=1), int(r[6]))
