@@ -42,7 +42,7 @@ from outbox_core.verify.wal import LOCK_CLASS
 from tests.conftest import BACKENDS, _probe, server_url, unavailable
 from tests.faults.private_servers import PrivatePostgres
 
-pytestmark = [pytest.mark.needs_server, pytest.mark.alone]
+pytestmark = pytest.mark.needs_server
 
 WAL_ROWS = ["wal-commit-order", "wal-at-least-once", "wal-relay"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.needs_server, pytest.mark.alone]
+pytestmark = pytest.mark.needs_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "wal.py"
