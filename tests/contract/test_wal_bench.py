@@ -1,8 +1,8 @@
 """``bench/wal.py`` runs as its docstring shows, in a tiny configuration.
 
 It starts its own PostgreSQL (``wal_level=logical``, removed afterwards) and
-prints the five sections' tables; the figures themselves are not checked.
-Marked ``alone``: it measures rates and latencies, and starts a server.
+prints the five sections' tables; the figures themselves are not checked
+(so it runs beside other tests).
 """
 
 from __future__ import annotations
