@@ -27,7 +27,7 @@ def verify(
     ``outbox_factory(url, table)`` builds the outbox under test (tests pass
     one with a deliberately broken strategy).
     """
-    make = outbox_factory or (lambda u, table: Outbox(u, table=table))
+    make = outbox_factory or _outbox
     started = time.monotonic()
     report = _empty_row(make, url, mode)
     for name, guarantee, check in GUARANTEES:
@@ -39,6 +39,15 @@ def verify(
             progress(result)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _outbox(url: str, table: str) -> Outbox:
+    """The outbox a check runs on. The partition checks run three relays (each a few
+    threads with a connection of their own) and a producer on its engine: a pool with
+    room for all of them, where the driver's pool has a size."""
+    sized = sa.make_url(url).get_backend_name() != "sqlite"
+    options = {"pool_size": 10, "max_overflow": 20} if sized else {}
+    return Outbox(url, table=table, engine_options=options)
 
 
 def _empty_row(make: Callable[[str, str], Outbox], url: str, mode: str) -> Report:
