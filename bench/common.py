@@ -32,7 +32,6 @@ def bulk_prefill(outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_0
                 "key": f"k{i % keys}",
                 "key_partition": partition_of(f"k{i % keys}", ids[i - start]),
                 "payload": dict(PAYLOAD, order_id=i),
-                "headers": None,
                 "state": 0,
                 "attempts": 0,
                 "available_at": now,

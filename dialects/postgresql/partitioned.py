@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -12,6 +12,13 @@ from sqlalchemy.engine import Connection
 from outbox_core.dialects.base.partitioned import OneStatementClaim, PartitionStatements
 from outbox_core.message import State
 from outbox_core.schema import in_state
+
+if TYPE_CHECKING:
+    from outbox_core.dialects.base.dialect import Dialect
+
+#: Statements :meth:`PostgresqlPartitions.claim_window` keeps built: one per
+#: lane's share (and settings); a rebalance brings new shares.
+MAX_STATEMENTS = 64
 
 
 class PostgresqlPartitions(PartitionStatements):
@@ -26,6 +33,10 @@ class PostgresqlPartitions(PartitionStatements):
     """
 
     claims_in_one: ClassVar[bool] = True
+
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__(dialect)
+        self._statements: dict[tuple[object, ...], sa.Update] = {}
 
     def claim_window(
         self,
@@ -44,13 +55,59 @@ class PostgresqlPartitions(PartitionStatements):
     ) -> OneStatementClaim:
         """See :meth:`PartitionStatements.claim_window`."""
         d = self.dialect
+        shape = (
+            None if partitions is None else tuple(partitions),
+            lease,
+            run_length,
+            block_on_dead,
+            blocked_by_leases,
+        )
+        update = self._statements.get(shape)
+        if update is None:
+            # Built once per lane's share: building it (and its cache key)
+            # for every claim cost the relay as much Python as decoding a
+            # fifth of the batch (bench/drain.py, ordered).
+            if len(self._statements) >= MAX_STATEMENTS:
+                self._statements.clear()
+            update = self._statements[shape] = self._claim_statement(
+                partitions,
+                lease=lease,
+                run_length=run_length,
+                block_on_dead=block_on_dead,
+                blocked_by_leases=blocked_by_leases,
+            )
+        params = {
+            "o_size": size,
+            "o_limit": limit,
+            "o_token": token,
+            "o_whole": sorted(whole),
+            "o_published": sorted(published),
+            **d.clock_params(),
+        }
+        rows = conn.execute(update, params).all()
+        events = sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
+        # Every chosen row was still pending: none changed hands since the window.
+        return OneStatementClaim(events, complete=not rows or rows[0][-1] == len(rows))
+
+    def _claim_statement(
+        self,
+        partitions: Sequence[int] | None,
+        *,
+        lease: float,
+        run_length: int,
+        block_on_dead: bool,
+        blocked_by_leases: bool,
+    ) -> sa.Update:
+        """The statement of :meth:`claim_window`; its window size, limit, token,
+        and the leases to leave out are bound at execution."""
+        d = self.dialect
         t = self.table
         due = (t.c.available_at <= d.clock()).label("due")
         w = (
             sa.select(t.c.id, t.c.key, t.c.key_partition, due)
             .where(in_state(t.c.state, State.PENDING), self._in_partitions(partitions))
             .order_by(t.c.id)
-            .limit(size)
+            .limit(sa.bindparam("o_size", type_=sa.Integer()))
             .cte("w")
             .prefix_with("MATERIALIZED")
         )
@@ -70,10 +127,8 @@ class PostgresqlPartitions(PartitionStatements):
         ]
         if blocked_by_leases:
             leased = t.alias("l")
-            whole_ = sa.bindparam("o_whole", sorted(whole), type_=postgresql.ARRAY(sa.String()))
-            published_ = sa.bindparam(
-                "o_published", sorted(published), type_=postgresql.ARRAY(sa.BigInteger())
-            )
+            whole_ = sa.bindparam("o_whole", type_=postgresql.ARRAY(sa.String()))
+            published_ = sa.bindparam("o_published", type_=postgresql.ARRAY(sa.BigInteger()))
             keyed.append(
                 ~sa.exists().where(
                     in_state(leased.c.state, State.LEASED),
@@ -99,15 +154,12 @@ class PostgresqlPartitions(PartitionStatements):
             # it is computed from its key in Python. None in the window: leave
             # this claim to the Python path.
             chosen = chosen.where(~sa.exists().where(w.c.key_partition.is_(None)))
-        p = chosen.order_by(f.c.id).limit(limit).cte("p")
+        p = chosen.order_by(f.c.id).limit(sa.bindparam("o_limit", type_=sa.Integer())).cte("p")
         picked = sa.select(sa.func.count()).select_from(p).scalar_subquery().label("o_picked")
-        update = (
+        token = sa.bindparam("o_token", type_=t.c.lease_owner.type)
+        return (
             sa.update(t)
             .where(t.c.id == p.c.id, in_state(t.c.state, State.PENDING))
             .values(d.lease_values(lease=lease, token=token))
             .returning(*d.claim_columns(t), picked)
         )
-        rows = conn.execute(update, d.clock_params()).all()
-        events = sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
-        # Every chosen row was still pending: none changed hands since the window.
-        return OneStatementClaim(events, complete=not rows or rows[0][-1] == len(rows))

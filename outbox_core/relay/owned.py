@@ -282,9 +282,11 @@ class OwnedClaims:
         self.lanes.done(token)
 
     def published_ids(self) -> tuple[set[int], list[str]]:
-        """Rows published and not settled yet (a few batches), and the tokens of whole batches."""
+        """Rows published and not settled yet, and the tokens of the batches the broker took
+        whole (their rows are left out by token: only a partly taken batch lists its ids)."""
         with self._published_lock:
-            return set().union(*self._published.values()), sorted(self._whole)
+            partial = (ids for token, ids in self._published.items() if token not in self._whole)
+            return set().union(*partial), sorted(self._whole)
 
     def claim(
         self,
