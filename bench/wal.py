@@ -87,6 +87,7 @@ from outbox_core.dialects.postgresql.wal import (
 )
 from outbox_core.dialects.postgresql.wal.table import progress_table
 from outbox_core.partitions import partition_of
+from tests.support import retry
 
 #: The private server's settings: logical decoding, and no timed or size-driven
 #: checkpoint inside a measured segment (each starts with its own CHECKPOINT).
@@ -147,18 +148,6 @@ class Stopwatch(Broker):
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def retry(action: Callable[[], T], error: type[Exception], within: float = 30.0) -> T:
-    """``action()`` until it stops raising ``error`` (a walsender takes a moment to exit)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return action()
-        except error:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def libpq_url(url: str) -> str:

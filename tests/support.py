@@ -7,12 +7,43 @@ database's SET statements of their own.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from outbox_core.dialects.base import SessionLimits, get_dialect
 from outbox_core.schema import OutboxTables
+
+T = TypeVar("T")
+
+
+def retry(action: Callable[[], T], error: type[Exception], within: float = 30.0) -> T:
+    """``action()`` until it stops raising ``error`` (re-raised after ``within`` s): a
+    walsender, for one, takes a moment to exit and free its slot."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return action()
+        except error:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def outbox_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``outbox ARGS`` as a process, the way the README and docs/ci.md show it."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox_core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
 
 
 def _limits(seconds: int) -> SessionLimits:

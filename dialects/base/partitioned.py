@@ -70,6 +70,13 @@ class OneStatementClaim(NamedTuple):
     #: Every row the statement chose was still pending when it leased them
     #: (False: one changed hands since the window was read; give all back).
     complete: bool
+    #: Pending rows the window read (fewer than its size: none left beyond it).
+    window: int = 0
+    #: Keys of the window whose first row was not taken (held back: leased,
+    #: dead, not due), or None when nothing was leased (nothing to tell it by).
+    held: int | None = None
+    #: Distinct keys in the window (keyless rows count as one).
+    keys: int = 0
 
 
 class PartitionStatements:

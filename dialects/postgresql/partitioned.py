@@ -86,8 +86,13 @@ class PostgresqlPartitions(PartitionStatements):
         }
         rows = conn.execute(update, params).all()
         events = sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
+        if not rows:
+            return OneStatementClaim(events, complete=True)
+        picked, picked_keys, keys, window = rows[0][-4:]
         # Every chosen row was still pending: none changed hands since the window.
-        return OneStatementClaim(events, complete=not rows or rows[0][-1] == len(rows))
+        return OneStatementClaim(
+            events, complete=picked == len(rows), window=window, held=keys - picked_keys, keys=keys
+        )
 
     def _claim_statement(
         self,
@@ -146,7 +151,7 @@ class PostgresqlPartitions(PartitionStatements):
                     dead.c.id < f.c.id,
                 )
             )
-        chosen = sa.select(f.c.id).where(sa.or_(sa.and_(f.c.key.is_(None), f.c.due), *[
+        chosen = sa.select(f.c.id, f.c.run).where(sa.or_(sa.and_(f.c.key.is_(None), f.c.due), *[
             sa.and_(*keyed)
         ]))  # fmt: skip
         if partitions is not None:
@@ -155,11 +160,24 @@ class PostgresqlPartitions(PartitionStatements):
             # this claim to the Python path.
             chosen = chosen.where(~sa.exists().where(w.c.key_partition.is_(None)))
         p = chosen.order_by(f.c.id).limit(sa.bindparam("o_limit", type_=sa.Integer())).cte("p")
-        picked = sa.select(sa.func.count()).select_from(p).scalar_subquery().label("o_picked")
+        # What the relay learns from the window (each computed once, over the
+        # materialized CTEs): rows chosen, keys they start (their first row in
+        # the window has run 1), the window's keys, and its rows.
+        counts = [
+            sa.select(sa.func.count()).select_from(p).scalar_subquery().label("o_picked"),
+            sa.select(sa.func.count())
+            .select_from(p)
+            .where(p.c.run == 1)
+            .correlate(None)
+            .scalar_subquery()
+            .label("o_picked_keys"),
+            sa.select(sa.func.count()).where(f.c.run == 1).scalar_subquery().label("o_keys"),
+            sa.select(sa.func.count()).select_from(w).scalar_subquery().label("o_window"),
+        ]
         token = sa.bindparam("o_token", type_=t.c.lease_owner.type)
         return (
             sa.update(t)
             .where(t.c.id == p.c.id, in_state(t.c.state, State.PENDING))
             .values(d.lease_values(lease=lease, token=token))
-            .returning(*d.claim_columns(t), picked)
+            .returning(*d.claim_columns(t), *counts)
         )

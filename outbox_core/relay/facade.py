@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -32,6 +31,7 @@ from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.connections import Connections
 from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.leases import MAX_RENEWED_LEASES, Claim, Leases
+from outbox_core.relay.lifecycle import Closing
 from outbox_core.relay.membership import Membership
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.owned import OwnedClaims
@@ -48,7 +48,7 @@ def _relay_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class Relay:
+class Relay(Closing):
     """Moves events from the outbox table to a broker.
 
     Create it with :meth:`outbox_core.Outbox.relay`. ``run()`` blocks until
@@ -471,18 +471,4 @@ class Relay:
         if self.membership is not None:
             self.membership.leave()
         self.connections.close_all()
-        try:
-            self.broker.close()
-        except Exception:
-            log.exception("closing the broker failed")
-
-    def __enter__(self) -> Relay:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
+        self.close_broker()

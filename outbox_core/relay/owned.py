@@ -60,6 +60,10 @@ class Picked:
     #: later pages leave them out in SQL, so a deep backlog behind one of
     #: them does not hide the keys after it.
     stuck: set[str] = field(default_factory=set)
+    #: Keys held back by a row in flight, dead or not due (not by their run):
+    #: ``stuck`` and the keys in flight. None: the next claim can take it all
+    #: in one statement.
+    held: set[str] = field(default_factory=set)
     taken: dict[str, int] = field(default_factory=dict)
     #: Rows left for soon: their key is in flight or past its run (not stuck).
     waiting: int = 0
@@ -106,11 +110,13 @@ def pick(
             continue
         if key in leased:
             out.blocked.add(key)
+            out.held.add(key)
             out.waiting += 1
             continue
         if dead.get(fold(key) if fold else key, row.id + 1) < row.id or not row.due:
             out.blocked.add(key)
             out.stuck.add(key)
+            out.held.add(key)
             continue
         count = out.taken.get(key, 0)
         if count >= run_length:
@@ -373,11 +379,11 @@ class OwnedClaims:
         where = tuple(sorted(lanes))
         first: list[Event] = []
         if self.statements.claims_in_one and self._in_one.get(where, True):
-            first = self._claim_in_one(
+            first, told = self._claim_in_one(
                 conn, partitions, where, limit, lease, token, run_length, block_on_dead
             )
-            if 2 * len(first) >= limit:
-                return first, True
+            if told:
+                return first, True  # (told: it took something)
         # Under half a batch in one statement: the Python path takes the rest,
         # looking past keys in flight or stuck (the statement's rows are
         # leased now: their keys wait).
@@ -403,19 +409,26 @@ class OwnedClaims:
         token: str,
         run_length: int,
         block_on_dead: bool,
-    ) -> list[Event]:
-        """The lanes' first window chosen and leased in one statement; [] to read in Python.
+    ) -> tuple[list[Event], bool]:
+        """The lanes' first window chosen and leased in one statement, and whether that is all
+        this claim can take in them (else the Python path reads on).
 
-        For a busy table whose window fills the batch. A window that yields
-        under half a batch holds keys in flight or stuck, or is nearly
-        empty: the Python path takes the rest of this claim, and the next
-        claims in these lanes, until one fills half a batch.
+        It is all where it filled half a batch, or where no key of the window
+        was held back (in flight, dead, not due) and it is not time to look
+        past a window that a few keys fill: every key gave its run. A relay
+        among several owns few keys (at run length 1 a claim takes one event
+        per key): its claims stay in one statement though they take under
+        half a batch (``bench/scaling.py --ordered``, four relays: 15,000
+        events/s through the Python path, 26,000 so). Otherwise the Python
+        path takes the rest of this claim, looking past those keys, and the
+        next claims in these lanes, until one is all.
         """
         published, whole = self.published_ids()
+        size = min(self._page.get(lanes, 2 * limit), 2 * limit)
         claim = self.statements.claim_window(
             conn,
             partitions,
-            size=min(self._page.get(lanes, 2 * limit), 2 * limit),
+            size=size,
             limit=limit,
             lease=lease,
             token=token,
@@ -424,15 +437,24 @@ class OwnedClaims:
             whole=whole,
             published=published,
         )
-        self._in_one[lanes] = claim.complete and 2 * len(claim.events) >= limit
+        # A few keys fill the window (a deep backlog, or a relay's few keys
+        # coming round again): keys past it wait behind them unless the
+        # Python path looks past, which it does when due (found nothing
+        # lately: at most every LOOK_PAST_MAX).
+        crowded = claim.window >= size and 4 * claim.keys <= limit
+        look_past = crowded and time.monotonic() >= self._look_past_at
+        told = claim.complete and (
+            2 * len(claim.events) >= limit or (claim.held == 0 and not look_past)
+        )
+        self._in_one[lanes] = told
         if not claim.complete:
             # A chosen row changed hands since the window (an operator's
             # replay, an unordered relay on the table): a key's later row may
             # be leased without its earlier one. Give all back, unspent; the
             # Python path keeps each key's events up to the gap.
             self.statements.unlease(conn, [e.id for e in claim.events], token=token)
-            return []
-        return claim.events
+            return [], False
+        return claim.events, told
 
     def _pick(
         self,
@@ -518,7 +540,11 @@ class OwnedClaims:
         # More soon: rows past the page, a full batch, or keys in flight or
         # past their run (not keys stuck on a dead event or a retry's backoff).
         more = more or len(picked.ids) >= limit or picked.waiting > 0
-        self._in_one[lanes] = 2 * len(picked.ids) >= limit and not crowded
+        # Back to one statement: half a batch from a window of many keys, or
+        # nothing held back (see _claim_in_one).
+        self._in_one[lanes] = bool(picked.ids) and (
+            (2 * len(picked.ids) >= limit and not crowded) or not picked.held
+        )
         return {i: keys[i] for i in picked.ids}, more
 
     def _looked_past(self, *, found: bool) -> None:

@@ -60,13 +60,32 @@ def classify(
     retry: RetryPolicy,
     rng: random.Random | None = None,
 ) -> SettlePlan:
-    """Sort a batch's events by outcome; a failure's next try comes from ``retry``. No I/O."""
+    """Sort a claim's events by outcome; a failure's next try comes from ``retry``. No I/O."""
+    return sort_outcomes(claim.token, claim.events, outcomes, retry, rng, lost=claim.lost)
+
+
+def sort_outcomes(
+    token: str,
+    events: Sequence[Event],
+    outcomes: Sequence[Outcome | None],
+    retry: RetryPolicy,
+    rng: random.Random | None = None,
+    *,
+    attempts: Sequence[int] | None = None,
+    lost: int = 0,
+) -> SettlePlan:
+    """Sort published events by outcome (:func:`classify`, and the log-tailing relay's batches).
+
+    ``attempts``: each event's attempts, this one counted (default: the
+    event's own count, which a claim has already raised).
+    """
     sent: list[int] = []
     failures: list[Failure] = []
     failed: list[Event] = []
     released: list[int] = []
     unavailable = 0
-    for event, outcome in zip(claim.events, outcomes, strict=True):
+    spent = attempts if attempts is not None else [e.attempts for e in events]
+    for event, outcome, tries in zip(events, outcomes, spent, strict=True):
         if outcome is None or outcome.is_unavailable:
             released.append(event.id)
             unavailable += outcome is not None
@@ -74,9 +93,9 @@ def classify(
             sent.append(event.id)
         else:
             error = outcome.error or outcome.kind.value
-            failures.append(Failure(event.id, error, retry.next_try(event.attempts, outcome, rng)))
+            failures.append(Failure(event.id, error, retry.next_try(tries, outcome, rng)))
             failed.append(event)
-    return SettlePlan(claim.token, sent, failures, failed, released, unavailable, claim.lost)
+    return SettlePlan(token, sent, failures, failed, released, unavailable, lost)
 
 
 def log_failures(plan: SettlePlan) -> None:

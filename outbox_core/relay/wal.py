@@ -31,7 +31,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -49,10 +48,12 @@ from outbox_core.dialects.postgresql.wal import (
 )
 from outbox_core.dialects.postgresql.wal.table import WalTable
 from outbox_core.errors import DatabaseError
-from outbox_core.message import CycleResult, Event, Failure, Outcome
+from outbox_core.message import CycleResult, Event, Outcome
+from outbox_core.relay import settle
 from outbox_core.relay.background import Due
 from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.delivery import Delivery
+from outbox_core.relay.lifecycle import Closing
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
@@ -104,7 +105,7 @@ class _Item:
     attempts: int = 0
 
 
-class WalRelay:
+class WalRelay(Closing):
     """Publishes the outbox table's inserts read from a logical replication slot.
 
     Same brokers, outcomes, :class:`Delivery` and :class:`Breaker` as the
@@ -298,89 +299,80 @@ class WalRelay:
 
     def _publish(self, batch: Sequence[_Item]) -> None:
         """Publish one batch and settle it in memory (dead ones in the table)."""
-        outcomes = self.delivery.deliver([i.event for i in batch])
+        events = [i.event for i in batch]
+        outcomes = self.delivery.deliver(events)
         self.breaker.note(outcomes)
         started = now = time.monotonic()
-        dead: list[tuple[_Item, str]] = []
-        # For the observers (metrics), as the polling relay reports a settle.
-        answered: list[tuple[Event, Outcome]] = []
-        failures: list[Failure] = []
-        unavailable = 0
-        handed: list[tuple[Event, int, datetime, str | None]] = []
+        plan = settle.sort_outcomes(
+            "", events, outcomes, self.retry, attempts=[i.attempts + 1 for i in batch]
+        )
+        # By the event object: a replayed row may come round again with its id.
+        items = {id(i.event): i for i in batch}
         for item, outcome in zip(batch, outcomes, strict=True):
-            if outcome is None or outcome.is_unavailable:
-                unavailable += outcome is not None  # (None: behind its key's failure)
-                continue  # not published, or an outage: no attempt spent
-            answered.append((item.event, outcome))
-            if outcome.is_ok:
+            if outcome is not None and outcome.is_ok:
                 self._done(item)
-                self.published += 1
-                continue
+        self.published += len(plan.sent)
+        dead: list[tuple[_Item, str]] = []
+        handed: list[tuple[Event, int, datetime, str | None]] = []
+        for event, failure in zip(plan.failed, plan.failures, strict=True):
+            item = items[id(event)]
             item.attempts += 1
-            error = outcome.error or outcome.kind.value
-            delay = self.retry.next_try(item.attempts, outcome)
-            failures.append(Failure(item.event.id, error, delay))
+            delay, error = failure.retry_in, failure.error
             if delay is None:
                 dead.append((item, error))
-            elif delay > self.settings.defer_after:
+                continue
+            item.not_before = now + delay
+            deferring = delay > self.settings.defer_after
+            if deferring:
                 # A long backoff would hold the slot: the key's lane waits in the table.
-                item.not_before = now + delay
                 lane = self._take_lane(item.lane)
                 handed += [(e, n, due, error if e is item.event else None) for e, n, due, _ in lane]
-                if item.event.key is not None:
-                    self.deferred_keys.add(item.event.key)
-                log.warning(
-                    "event %s (%s) retries in %.1fs, from the table: %s",
-                    item.event.event_id,
-                    item.event.topic,
-                    delay,
-                    error,
-                    extra={"event_id": item.event.event_id, "topic": item.event.topic},
-                )
-            else:
-                item.not_before = now + delay
-                log.warning(
-                    "event %s (%s) retries in %.1fs: %s",
-                    item.event.event_id,
-                    item.event.topic,
-                    delay,
-                    error,
-                    extra={"event_id": item.event.event_id, "topic": item.event.topic},
-                )
+                if event.key is not None:
+                    self.deferred_keys.add(event.key)
+            log.warning(
+                "event %s (%s) retries in %.1fs%s: %s",
+                event.event_id,
+                event.topic,
+                delay,
+                ", from the table" if deferring else "",
+                error,
+                extra={"event_id": event.event_id, "topic": event.topic},
+            )
         if dead:
             self._kill(dead)
         if handed:
             self._hand_over(handed)
-        self._observe(answered, failures, len(dead), unavailable, len(batch), started)
+        self._observe(events, outcomes, plan, len(batch), started)
 
     def _observe(
         self,
-        answered: Sequence[tuple[Event, Outcome]],
-        failures: Sequence[Failure],
-        dead: int,
-        unavailable: int,
+        events: Sequence[Event],
+        outcomes: Sequence[Outcome | None],
+        plan: settle.SettlePlan,
         claimed: int,
         started: float,
     ) -> None:
         """Tell the observers (metrics) of a published batch, as the polling relay does."""
         seconds = time.monotonic() - started
+        answered, answers = settle.published(events, outcomes)
+        dead = sum(1 for f in plan.failures if f.retry_in is None)
         for observer in self.observers:
             if answered:
                 observer.settled(
-                    [e for e, _ in answered],
-                    [o for _, o in answered],
-                    failures,
-                    sent=len(answered) - len(failures),
+                    answered,
+                    answers,
+                    plan.failures,
+                    sent=len(plan.sent),
                     lost=0,
                     seconds=seconds,
                 )
             observer.cycle(
                 CycleResult(
                     claimed=claimed,
-                    sent=len(answered) - len(failures),
-                    retried=len(failures) - dead,
+                    sent=len(plan.sent),
+                    retried=len(plan.failures) - dead,
                     dead=dead,
-                    unavailable=unavailable,
+                    unavailable=plan.unavailable,
                 )
             )
 
@@ -436,27 +428,17 @@ class WalRelay:
         events = [e for e, _ in runs]
         outcomes = self.delivery.deliver(events)
         self.breaker.note(outcomes)
-        sent: list[int] = []
+        tries = [spent + 1 for _, spent in runs]
+        plan = settle.sort_outcomes("", events, outcomes, self.retry, attempts=tries)
+        sent = plan.sent
+        spent_by = {id(e): n for e, n in zip(events, tries, strict=True)}
         retries: list[tuple[int, int, float, str]] = []
         dead: list[tuple[Event, int, str]] = []
-        answered: list[tuple[Event, Outcome]] = []
-        failures: list[Failure] = []
-        unavailable = 0
-        for (event, spent), outcome in zip(runs, outcomes, strict=True):
-            if outcome is None or outcome.is_unavailable:
-                unavailable += outcome is not None
-                continue
-            answered.append((event, outcome))
-            if outcome.is_ok:
-                sent.append(event.id)
-                continue
-            error = outcome.error or outcome.kind.value
-            delay = self.retry.next_try(spent + 1, outcome)
-            failures.append(Failure(event.id, error, delay))
-            if delay is None:
-                dead.append((event, spent + 1, error))
+        for event, failure in zip(plan.failed, plan.failures, strict=True):
+            if failure.retry_in is None:
+                dead.append((event, spent_by[id(event)], failure.error))
             else:
-                retries.append((event.id, spent + 1, delay, error))
+                retries.append((event.id, spent_by[id(event)], failure.retry_in, failure.error))
         started = time.monotonic()
         keys = {e.key for e in events if e.key is not None}
         dead_keys = {e.key for e, _, _ in dead if e.key is not None} if block else set()
@@ -489,7 +471,7 @@ class WalRelay:
                 error,
                 extra={"event_id": event.event_id, "topic": event.topic},
             )
-        self._observe(answered, failures, len(dead), unavailable, len(runs), started)
+        self._observe(events, outcomes, plan, len(runs), started)
 
     def _schedule_deferred(self, conn: sa.Connection) -> None:
         """Nothing due in the table: look again when its earliest key head is due."""
@@ -767,21 +749,7 @@ class WalRelay:
     def close(self) -> None:
         """Close the stream (nothing unconfirmed is confirmed) and the broker."""
         self._forget()
-        try:
-            self.broker.close()
-        except Exception:
-            log.exception("closing the broker failed")
-
-    def __enter__(self) -> WalRelay:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
+        self.close_broker()
 
 
 def _short(exc: BaseException) -> str:

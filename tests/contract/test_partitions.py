@@ -382,6 +382,42 @@ def test_one_keys_deep_backlog_does_not_hide_the_keys_after_it(
     assert got >= set(later), f"only {len(got)} keys in the first claim"
 
 
+def test_a_relay_with_few_keys_claims_in_one_statement(
+    outbox: Outbox, relays: list[Relay], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lane gives one event of each of its keys, under half a batch: with no key held back
+    the claim stays one statement (no Python window read), and every key keeps its order."""
+    statements = outbox.dialect.partitions
+    if not statements.claims_in_one:
+        pytest.skip(f"{outbox.dialect.name} has no one-statement claim")
+    # 80 keys: about 40 a lane, enough that a window of them is not "a few
+    # keys" (4 x 40 > 100), which the Python path would look past now and then.
+    order = enqueue(outbox, [f"k{i}" for i in range(80)], 10)
+    reads: list[int] = []
+    window = statements.pending_window
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return window(*args, **kwargs)
+
+    monkeypatch.setattr(statements, "pending_window", counted)
+    a = new_relay(outbox, relays, batch_size=100)
+    seen: dict[str, list[str]] = {k: [] for k in order}
+    for _ in range(8):
+        # Both lanes free: the claim reads one (about 40 keys, under half the
+        # batch), then the other with what is left of the batch.
+        claim = a._claim()
+        assert len(claim.events) == 80
+        for event in claim.events:
+            assert event.key is not None
+            seen[event.key].append(event.event_id)
+        a._published(claim, [Outcome.ok() for _ in claim.events])
+        settle_ok(a, claim)
+    assert reads == [], f"{len(reads)} claims read the window in Python"
+    for key, ids in seen.items():
+        assert ids == order[key][: len(ids)], key
+
+
 def test_a_key_goes_on_once_the_broker_took_its_event_not_when_it_asked_for_a_retry(
     outbox: Outbox, relays: list[Relay]
 ) -> None:

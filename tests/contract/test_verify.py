@@ -17,17 +17,12 @@ from outbox_core import Outbox
 from outbox_core.errors import UnsupportedDatabase
 from outbox_core.message import Event
 from outbox_core.verify import GUARANTEES, verify
+from tests.support import outbox_cli
 
 
 def run(*args: str) -> tuple[int, str]:
-    """``outbox ARGS`` as a process, the way the README and docs/ci.md show it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "outbox_core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ.copy(),
-    )
+    """``outbox ARGS``: its exit code, and its output and errors together."""
+    done = outbox_cli(*args)
     return done.returncode, done.stdout + done.stderr
 
 

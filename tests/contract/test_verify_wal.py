@@ -19,9 +19,6 @@ The logical server is the module's own (``tests/faults/private_servers.py``,
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +38,7 @@ from outbox_core.verify import GUARANTEES, verify
 from outbox_core.verify.wal import LOCK_CLASS
 from tests.conftest import BACKENDS, _probe, server_url, unavailable
 from tests.faults.private_servers import PrivatePostgres
+from tests.support import outbox_cli
 
 pytestmark = pytest.mark.needs_server
 
@@ -48,14 +46,8 @@ WAL_ROWS = ["wal-commit-order", "wal-at-least-once", "wal-relay"]
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    """``outbox ARGS`` as a process, the way docs/ci.md shows it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "outbox_core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ.copy(),
-    )
+    """``outbox ARGS``: its exit code, output and errors."""
+    done = outbox_cli(*args)
     return done.returncode, done.stdout, done.stderr
 
 

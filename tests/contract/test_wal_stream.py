@@ -35,11 +35,11 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -66,6 +66,7 @@ from outbox_core.dialects.postgresql.wal import (
     wal_level,
 )
 from tests.faults.private_servers import PrivatePostgres
+from tests.support import retry
 
 pytestmark = pytest.mark.needs_server
 
@@ -73,7 +74,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LOGICAL = {"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}
 #: How long a takeover may take once the previous reader is gone.
 TAKEOVER = 5.0
-T = TypeVar("T")
 
 
 def _ci() -> bool:
@@ -181,18 +181,6 @@ def feed(logical_server: PrivatePostgres, engine: sa.Engine) -> Iterator[Feed]:
             retry(lambda: drop_slot(conn, made.slot), SlotInUse, within=15)
             drop_publication(conn, made.publication)
             conn.execute(sa.text(f"DROP TABLE {made.table}"))
-
-
-def retry(action: Callable[[], T], error: type[Exception], within: float) -> T:
-    """``action()`` until it stops raising ``error`` (re-raised after ``within`` s)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return action()
-        except error:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def read(stream: WalStream, count: int, within: float = 10.0) -> list[WalTransaction]:

@@ -7,7 +7,9 @@ pending, leased and dead rows over a few keys (some not due, some leased by
 tokens whose batches the broker confirmed, some rows confirmed one by one),
 run lengths, limits, window sizes and partition filters; for each, the
 statement's leased ids must equal the ids ``pick`` chooses from the same
-window with the same leased keys and dead heads. A statement without the
+window with the same leased keys and dead heads, and what it tells of the
+window (its rows, its keys, the keys that gave no row) must be what the
+window shows. A statement without the
 leased-key check is shown to differ.
 """
 
@@ -115,9 +117,19 @@ def fill(outbox: Outbox, case: Case) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The ids chosen, and what the claim tells of its window (see ``OneStatementClaim``)."""
+
+    ids: list[int]
+    window: int
+    keys: int
+    held: int | None
+
+
 def python_choice(
     outbox: Outbox, case: Case, partitions: list[int] | None, published: set[int]
-) -> list[int]:
+) -> Choice:
     st_ = outbox.dialect.partitions
     with outbox.engine.connect() as conn:
         window = st_.pending_window(conn, partitions, after=0, limit=case.size)
@@ -134,7 +146,13 @@ def python_choice(
         run_length=case.run_length,
         fold=fold_key if st_.keys_fold else None,
     )
-    return sorted(chosen.ids)
+    # Each key's first row in the window (keyless rows: one group).
+    firsts = {}
+    for row in window:
+        firsts.setdefault(row.key, row.id)
+    started = len(set(chosen.ids) & set(firsts.values()))
+    held = len(firsts) - started if chosen.ids else None
+    return Choice(sorted(chosen.ids), len(window), len(firsts) if chosen.ids else 0, held)
 
 
 def sql_choice(
@@ -144,7 +162,7 @@ def sql_choice(
     published: set[int],
     *,
     blocked_by_leases: bool = True,
-) -> list[int]:
+) -> Choice:
     with outbox.engine.connect() as conn, conn.begin() as tx:
         claim = outbox.dialect.partitions.claim_window(
             conn,
@@ -161,7 +179,15 @@ def sql_choice(
         )
         tx.rollback()  # the table stays as drawn
     assert claim.complete
-    return [e.id for e in claim.events]
+    # Nothing leased: the statement returned no row to tell its window by.
+    window = claim.window if claim.events else len_window(outbox, case, partitions)
+    return Choice([e.id for e in claim.events], window, claim.keys, claim.held)
+
+
+def len_window(outbox: Outbox, case: Case, partitions: list[int] | None) -> int:
+    with outbox.engine.connect() as conn:
+        st_ = outbox.dialect.partitions
+        return len(st_.pending_window(conn, partitions, after=0, limit=case.size))
 
 
 def check(outbox: Outbox, case: Case, *, blocked_by_leases: bool = True) -> None:
@@ -170,7 +196,9 @@ def check(outbox: Outbox, case: Case, *, blocked_by_leases: bool = True) -> None
     partitions = list(range(128)) if case.lower_half else None
     expected = python_choice(outbox, case, partitions, published)
     got = sql_choice(outbox, case, partitions, published, blocked_by_leases=blocked_by_leases)
-    assert got == expected, f"one statement chose {got}, pick chose {expected}"
+    assert got.ids == expected.ids, f"one statement chose {got.ids}, pick chose {expected.ids}"
+    # What the relay decides by (stay in one statement, or read on in Python).
+    assert got == expected, f"the statement told {got}, the window shows {expected}"
 
 
 def test_the_one_statement_claim_chooses_what_pick_chooses(pg: Outbox) -> None:
