@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -19,9 +19,13 @@ from outbox_core.relay import OnCycle
 PAYLOAD = {"order_id": 0, "total": 1999, "currency": "EUR", "lines": [1, 2, 3]}
 
 
-def bulk_prefill(outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_000) -> float:
-    """Insert ``total`` due pending events with multi-row INSERTs; returns events/s."""
-    now = outbox.dialect.storage.bind_time(datetime.now(UTC).replace(tzinfo=None))
+def bulk_prefill(
+    outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_000, due_in: float = 0.0
+) -> float:
+    """Insert ``total`` pending events with multi-row INSERTs, due in ``due_in`` s; events/s."""
+    bind = outbox.dialect.storage.bind_time
+    now = datetime.now(UTC).replace(tzinfo=None)
+    now, due = bind(now), bind(now + timedelta(seconds=due_in))
     started = time.perf_counter()
     for start in range(0, total, chunk):
         ids = [str(uuid.uuid4()) for _ in range(start, min(start + chunk, total))]
@@ -34,7 +38,7 @@ def bulk_prefill(outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_0
                 "payload": dict(PAYLOAD, order_id=i),
                 "state": 0,
                 "attempts": 0,
-                "available_at": now,
+                "available_at": due,
                 "created_at": now,
             }
             for i in range(start, min(start + chunk, total))
