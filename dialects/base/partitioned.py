@@ -73,9 +73,10 @@ class OneStatementClaim(NamedTuple):
     #: Pending rows the window read (fewer than its size: none left beyond it).
     window: int = 0
     #: Keys of the window whose first row was not taken (held back: leased,
-    #: dead, not due), or None when nothing was leased (nothing to tell it by).
+    #: dead, not due; or past the limit, where it took a full batch), or None
+    #: when nothing was leased (nothing to tell it by). Keyless rows are no key.
     held: int | None = None
-    #: Distinct keys in the window (keyless rows count as one).
+    #: Distinct keys in the window (keyless rows are none).
     keys: int = 0
 
 

@@ -151,9 +151,8 @@ class PostgresqlPartitions(PartitionStatements):
                     dead.c.id < f.c.id,
                 )
             )
-        chosen = sa.select(f.c.id, f.c.run).where(sa.or_(sa.and_(f.c.key.is_(None), f.c.due), *[
-            sa.and_(*keyed)
-        ]))  # fmt: skip
+        keyless = sa.and_(f.c.key.is_(None), f.c.due)
+        chosen = sa.select(f.c.id, f.c.key, f.c.run).where(sa.or_(keyless, sa.and_(*keyed)))
         if partitions is not None:
             # A row an earlier version wrote has no partition: which relay owns
             # it is computed from its key in Python. None in the window: leave
@@ -162,16 +161,20 @@ class PostgresqlPartitions(PartitionStatements):
         p = chosen.order_by(f.c.id).limit(sa.bindparam("o_limit", type_=sa.Integer())).cte("p")
         # What the relay learns from the window (each computed once, over the
         # materialized CTEs): rows chosen, keys they start (their first row in
-        # the window has run 1), the window's keys, and its rows.
+        # the window has run 1), the window's keys, and its rows. Keyless rows
+        # are no key: they never hold anything back.
         counts = [
             sa.select(sa.func.count()).select_from(p).scalar_subquery().label("o_picked"),
             sa.select(sa.func.count())
             .select_from(p)
-            .where(p.c.run == 1)
+            .where(p.c.run == 1, p.c.key.is_not(None))
             .correlate(None)
             .scalar_subquery()
             .label("o_picked_keys"),
-            sa.select(sa.func.count()).where(f.c.run == 1).scalar_subquery().label("o_keys"),
+            sa.select(sa.func.count())
+            .where(f.c.run == 1, f.c.key.is_not(None))
+            .scalar_subquery()
+            .label("o_keys"),
             sa.select(sa.func.count()).select_from(w).scalar_subquery().label("o_window"),
         ]
         token = sa.bindparam("o_token", type_=t.c.lease_owner.type)

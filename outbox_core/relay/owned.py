@@ -61,7 +61,7 @@ class Picked:
     #: them does not hide the keys after it.
     stuck: set[str] = field(default_factory=set)
     #: Keys held back by a row in flight, dead or not due (not by their run):
-    #: ``stuck`` and the keys in flight. None: the next claim can take it all
+    #: ``stuck`` and the keys in flight. Empty: the next claim can take it all
     #: in one statement.
     held: set[str] = field(default_factory=set)
     taken: dict[str, int] = field(default_factory=dict)
@@ -254,7 +254,8 @@ class OwnedClaims:
         # The last claim took under half a batch: the next reads every free lane.
         self._quiet = False
         # Lanes whose next claim chooses and leases in one statement (where
-        # the database can): the last claim in them filled half a batch.
+        # the database can): the last claim in them was all it could take
+        # (see _claim_in_one).
         self._in_one: dict[tuple[int, ...], bool] = {}
 
     def owned(self, share: str) -> frozenset[int]:
@@ -379,14 +380,14 @@ class OwnedClaims:
         where = tuple(sorted(lanes))
         first: list[Event] = []
         if self.statements.claims_in_one and self._in_one.get(where, True):
-            first, told = self._claim_in_one(
+            first, told, more = self._claim_in_one(
                 conn, partitions, where, limit, lease, token, run_length, block_on_dead
             )
             if told:
-                return first, True  # (told: it took something)
-        # Under half a batch in one statement: the Python path takes the rest,
-        # looking past keys in flight or stuck (the statement's rows are
-        # leased now: their keys wait).
+                return first, more
+        # Keys held back, or a crowded window due a look past: the Python path
+        # takes the rest, looking past keys in flight or stuck (the
+        # statement's rows are leased now: their keys wait).
         picked, more = self._pick(
             conn, partitions, owned, limit - len(first), run_length, block_on_dead, where
         )
@@ -409,9 +410,10 @@ class OwnedClaims:
         token: str,
         run_length: int,
         block_on_dead: bool,
-    ) -> tuple[list[Event], bool]:
-        """The lanes' first window chosen and leased in one statement, and whether that is all
-        this claim can take in them (else the Python path reads on).
+    ) -> tuple[list[Event], bool, bool]:
+        """The lanes' first window chosen and leased in one statement, whether that is all
+        this claim can take in them (else the Python path reads on), and whether pending
+        rows were left behind (a full batch, rows past the window, keys past their run).
 
         It is all where it filled half a batch, or where no key of the window
         was held back (in flight, dead, not due) and it is not time to look
@@ -419,7 +421,7 @@ class OwnedClaims:
         among several owns few keys (at run length 1 a claim takes one event
         per key): its claims stay in one statement though they take under
         half a batch (``bench/scaling.py --ordered``, four relays: 15,000
-        events/s through the Python path, 26,000 so). Otherwise the Python
+        events/s through the Python path, 23,000 so). Otherwise the Python
         path takes the rest of this claim, looking past those keys, and the
         next claims in these lanes, until one is all.
         """
@@ -453,8 +455,10 @@ class OwnedClaims:
             # be leased without its earlier one. Give all back, unspent; the
             # Python path keeps each key's events up to the gap.
             self.statements.unlease(conn, [e.id for e in claim.events], token=token)
-            return [], False
-        return claim.events, told
+            return [], False, False
+        taken = len(claim.events)
+        more = taken >= limit or claim.window >= size or claim.window > taken
+        return claim.events, told, more
 
     def _pick(
         self,

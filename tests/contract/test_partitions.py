@@ -393,6 +393,10 @@ def test_a_relay_with_few_keys_claims_in_one_statement(
     # 80 keys: about 40 a lane, enough that a window of them is not "a few
     # keys" (4 x 40 > 100), which the Python path would look past now and then.
     order = enqueue(outbox, [f"k{i}" for i in range(80)], 10)
+    # Keyless events not due for an hour hold no key back.
+    with outbox.engine.begin() as conn:
+        for n in range(6):
+            outbox.enqueue(conn, "parts.t", {"later": n}, delay=3600)
     reads: list[int] = []
     window = statements.pending_window
 
@@ -416,6 +420,25 @@ def test_a_relay_with_few_keys_claims_in_one_statement(
     assert reads == [], f"{len(reads)} claims read the window in Python"
     for key, ids in seen.items():
         assert ids == order[key][: len(ids)], key
+
+
+def test_a_claim_that_took_all_that_is_pending_says_there_is_no_more(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    """A trickle of events: the claim takes them all, and the relay waits for the next poll
+    (or a wake-up) rather than claim again at once, and again."""
+    enqueue(outbox, [f"k{i}" for i in range(6)], 1)
+    a = new_relay(outbox, relays, batch_size=100)
+    claim = a._claim()
+    assert len(claim.events) == 6
+    assert not claim.more
+    # Runs of a key: the window's rows past the run are more to come.
+    enqueue(outbox, ["k0"], 3)
+    a._published(claim, [Outcome.ok() for _ in claim.events])
+    settle_ok(a, claim)
+    claim = a._claim()
+    assert [e.key for e in claim.events] == ["k0"]
+    assert claim.more
 
 
 def test_a_key_goes_on_once_the_broker_took_its_event_not_when_it_asked_for_a_retry(

@@ -146,10 +146,11 @@ def python_choice(
         run_length=case.run_length,
         fold=fold_key if st_.keys_fold else None,
     )
-    # Each key's first row in the window (keyless rows: one group).
-    firsts = {}
+    # Each key's first row in the window (keyless rows are no key).
+    firsts: dict[str, int] = {}
     for row in window:
-        firsts.setdefault(row.key, row.id)
+        if row.key is not None:
+            firsts.setdefault(row.key, row.id)
     started = len(set(chosen.ids) & set(firsts.values()))
     held = len(firsts) - started if chosen.ids else None
     return Choice(sorted(chosen.ids), len(window), len(firsts) if chosen.ids else 0, held)
