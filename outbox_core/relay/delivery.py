@@ -1,10 +1,10 @@
 """Publishing a claimed batch; the relay owns per-key sequencing for every broker.
 
 In ordered mode a key's next event goes out only after its previous one was
-accepted where the claim holds runs of a key (``run_length > 1``), or where
-the broker does not keep a batch's order (:attr:`Broker.keeps_batch_order`
-is False: concurrent requests) and the batch holds two events of one key
-(docs/design.md, Broker outcomes). Unordered relays promise no order, so
+accepted where the batch holds two events of one key and either the claim
+holds runs of a key (``run_length > 1``) or the broker does not keep a
+batch's order (:attr:`Broker.keeps_batch_order` is False: concurrent
+requests) (docs/design.md, Broker outcomes). Unordered relays promise no order, so
 they publish every batch at once: a wave per repeat of a key would cost a
 round trip for an order nobody was promised.
 """
@@ -28,11 +28,10 @@ class Delivery:
         self.broker = broker
         #: Producer spans per event when opentelemetry is installed.
         self.tracer = tracing.tracer_for(broker)
-        #: Every batch goes in waves: the claim holds runs of a key.
-        self.always_waves = runs
-        #: Ordered, a batch holding two events of one key goes in waves: the broker may
-        #: reorder it.
-        self.waves_for_repeats = ordered and not broker.keeps_batch_order
+        #: A batch holding two events of one key goes in waves: the claim holds runs of
+        #: a key (a failure must stop the key's later events), or, ordered, the broker
+        #: may reorder a batch. A batch without a repeated key is one wave either way.
+        self.waves = runs or (ordered and not broker.keeps_batch_order)
 
     def deliver(self, events: Sequence[Event]) -> Sequence[Outcome | None]:
         """Publish a batch: one outcome per event, ``None`` for one not published.
@@ -44,7 +43,7 @@ class Delivery:
         gives them back without spending an attempt. An ``unavailable``
         outcome stops the waves: the later ones go back with the rest.
         """
-        if self.always_waves or (self.waves_for_repeats and repeats_a_key(events)):
+        if self.waves and repeats_a_key(events):
             return self._waves(events)
         return self.publish(events)
 
