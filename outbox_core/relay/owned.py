@@ -247,7 +247,8 @@ class OwnedClaims:
         # Rows per page, learnt from the last claim in the same lanes: twice
         # what a page's keys could yield (a few hot keys yield run_length rows
         # each, however deep their backlog), at most twice the batch; or, where
-        # a page filled the batch, a little more than it took.
+        # a page filled the batch, a little more than it took; doubled where a
+        # one-statement window ran out before the batch was full.
         self._page: dict[tuple[int, ...], int] = {}
         self._look_past_at = 0.0
         self._look_past_wait = 0.0
@@ -449,6 +450,10 @@ class OwnedClaims:
             2 * len(claim.events) >= limit or (claim.held == 0 and not look_past)
         )
         self._in_one[lanes] = told
+        if claim.window >= size and len(claim.events) < limit:
+            # The window ran out before the batch was full: read more rows next
+            # time (a size learnt from a quiet table must not stay).
+            self._page[lanes] = min(2 * size, 2 * limit)
         if not claim.complete:
             # A chosen row changed hands since the window (an operator's
             # replay, an unordered relay on the table): a key's later row may

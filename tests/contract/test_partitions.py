@@ -441,6 +441,25 @@ def test_a_claim_that_took_all_that_is_pending_says_there_is_no_more(
     assert claim.more
 
 
+def test_a_relay_that_started_on_a_quiet_table_fills_its_batches_when_a_backlog_comes(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    """The window a claim reads is learnt from the last claims; one learnt from an empty
+    table (the smallest) grows again when it runs out before the batch is full."""
+    a = new_relay(outbox, relays, batch_size=500)
+    for _ in range(3):
+        assert a._claim().events == []
+    enqueue(outbox, [f"k{i}" for i in range(1000)], 6)
+    sizes = []
+    for _ in range(10):
+        claim = a._claim()
+        sizes.append(len(claim.events))
+        a._published(claim, [Outcome.ok() for _ in claim.events])
+        settle_ok(a, claim)
+    # The window doubles while it runs out first: a full batch within a few claims.
+    assert sizes[-3:] == [500, 500, 500], sizes
+
+
 def test_a_key_goes_on_once_the_broker_took_its_event_not_when_it_asked_for_a_retry(
     outbox: Outbox, relays: list[Relay]
 ) -> None:
