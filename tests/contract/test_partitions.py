@@ -497,6 +497,32 @@ def test_claims_in_flight_side_by_side_take_one_lane_each(
         settle_ok(a, claim)
 
 
+def test_a_relay_among_others_claims_in_its_whole_share_at_once(
+    outbox: Outbox, relays: list[Relay]
+) -> None:
+    """With half the partitions or less, one claim reads every lane (twice the keys a lane
+    holds): the fleet is the parallelism, and half the claims move the same events."""
+    enqueue(outbox, [f"fleet-{i}" for i in range(1000)], 1)
+    a, b = new_relay(outbox, relays, batch_size=100), new_relay(outbox, relays)
+    assert a.owned is not None and a.membership is not None and b.membership is not None
+    a.membership.tick()
+    b.membership.tick()
+    a.membership.tick()
+    mine = frozenset(share(a))
+    assert 0 < 2 * len(mine) <= PARTITIONS
+    lanes = a.owned.lanes.count
+    lane_of = {p: n for n in range(lanes) for p in a.owned.lanes.share(mine, [n])}
+    first = a._claim()  # learns its share (the first claim of a relay takes one lane)
+    a._release(first.events, first.token)
+    claim = a._claim()
+    assert len(claim.events) == 100
+    used = {lane_of[partition_of(e.key, e.event_id)] for e in claim.events if e.key}
+    if lanes > 1:
+        # Its rows are the share's first 100 in id order, whichever lane holds them.
+        assert used == set(range(lanes))
+    settle_ok(a, claim)
+
+
 class FailingLease:
     """A relay's statements whose ``fail_at``-th lease raises (after the earlier ones leased)."""
 
