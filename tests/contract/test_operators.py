@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,15 +15,7 @@ from typing import Any
 
 import pytest
 
-
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox_core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=os.environ.copy(),
-    )
+from tests.support import outbox_cli as run
 
 
 @pytest.mark.parametrize("log_json", [False, True])
