@@ -130,6 +130,12 @@ def pick(
     return out
 
 
+def is_crowded(rows: int, size: int, keys: int, limit: int) -> bool:
+    """A full window of a few keys, too few to fill a quarter of the batch: their backlogs
+    fill it, and keys past it wait unless a claim looks past them."""
+    return rows >= size and 4 * keys <= limit
+
+
 class Lanes:
     """Disjoint shares of a relay's partitions (contiguous ranges), one claim at a time in each.
 
@@ -464,7 +470,7 @@ class OwnedClaims:
         # coming round again): keys past it wait behind them unless the
         # Python path looks past, which it does when due (found nothing
         # lately: at most every LOOK_PAST_MAX).
-        crowded = claim.window >= size and 4 * claim.keys <= limit
+        crowded = is_crowded(claim.window, size, claim.keys, limit)
         look_past = crowded and time.monotonic() >= self._look_past_at
         told = claim.complete and (
             2 * len(claim.events) >= limit or (claim.held == 0 and not look_past)
@@ -536,8 +542,7 @@ class OwnedClaims:
             if not page:
                 distinct = len({r.key if r.key is not None else r.id for r in window})
                 self._page[lanes] = max(MIN_PAGE, 2 * distinct * run_length)
-                # A few keys, too few to fill a quarter of the batch.
-                crowded = len(window) >= size and 4 * distinct <= limit
+                crowded = is_crowded(len(window), size, distinct, limit)
                 repeats = 2 * distinct <= len(window)
             fresh = any(r.id not in keys and r.key not in seen for r in window)
             seen.update(r.key for r in window)
