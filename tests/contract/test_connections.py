@@ -29,7 +29,15 @@ from outbox_core.brokers.memory import get_queue
 from outbox_core.errors import ConfigurationError, PayloadError, TableMissing
 from outbox_core.message import build_new_event
 from outbox_core.ports import COMMIT_WATCH, DBAPITransaction, transaction_port
-from tests.conftest import BACKENDS, _probe, in_ci, server_url, unavailable
+from tests.conftest import (
+    BACKENDS,
+    OPTIONAL_DRIVERS,
+    _probe,
+    in_ci,
+    require_optional_driver,
+    server_url,
+    unavailable,
+)
 
 #: driver -> (its module, the database it runs on here)
 DRIVERS = {
@@ -40,10 +48,12 @@ DRIVERS = {
     "sqlite3": ("sqlite3", "sqlite"),
 }
 #: Drivers the dev extra installs: missing under CI=true is a failure.
-IN_DEV_EXTRA = {"psycopg", "psycopg2", "pymysql", "mysqlclient", "sqlite3", "asyncpg"}
+IN_DEV_EXTRA = {"psycopg", "psycopg2", "pymysql", "sqlite3", "asyncpg"}
 
 
 def _import(driver: str, module: str) -> Any:
+    if driver in OPTIONAL_DRIVERS:
+        require_optional_driver(driver)
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -132,9 +132,18 @@ def test_status_reports_rates(outbox: Outbox) -> None:
 def test_status_watch_refreshes(outbox: Outbox, db_url: str, flag: str | None) -> None:
     args = [sys.executable, "-m", "outbox_core.cli", "status", "--db", db_url]
     args += ["--table", outbox.table.name, "--watch", "0.2"] + ([flag] if flag else [])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    # Ready when it has refreshed once: two reports printed (not after a fixed
+    # sleep: on a loaded machine the process may still be importing).
+    shown = ""
+    while shown.count("pending") < 2:
+        line = proc.stdout.readline()
+        assert line, f"status --watch ended early: {proc.wait()} {proc.stderr.read()}"
+        shown += line
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=10)
+    proc.communicate(timeout=10)
     assert proc.returncode == 0
-    assert out.count("pending") >= 2  # refreshed at least once

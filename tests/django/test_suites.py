@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _probe, server_url, unavailable
+from tests.conftest import _probe, require_optional_driver, server_url, unavailable
 from tests.contract.broker_fixtures import require_rabbitmq
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +33,19 @@ FAMILY = {
     "postgresql_psycopg2": "postgresql",
     "mariadb": "mysql",
 }
+#: settings -> a driver it needs that builds from source (tests/conftest.py).
+NEEDS_DRIVER = {"mariadb": "mysqlclient"}
 #: (settings, Django): every database on Django 5.x; SQLite and PostgreSQL on 4.2 LTS.
 RUNS = [(s, "5") for s in FAMILY] + [("sqlite", "4.2"), ("postgresql", "4.2")]
+PARAMS = [
+    pytest.param(
+        s,
+        d,
+        id=f"{s}-django{d}",
+        marks=[pytest.mark.optional_driver] if s in NEEDS_DRIVER else [],
+    )
+    for s, d in RUNS
+]
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +75,12 @@ def django42_python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.needs_server
-@pytest.mark.parametrize(("settings", "django"), RUNS, ids=[f"{s}-django{d}" for s, d in RUNS])
+@pytest.mark.parametrize(("settings", "django"), PARAMS)
 def test_django_suite(
     settings: str, django: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    if settings in NEEDS_DRIVER:
+        require_optional_driver(NEEDS_DRIVER[settings])
     family = FAMILY[settings]
     if family != "sqlite":
         url = server_url(family, tmp_path)

@@ -1,5 +1,6 @@
-"""MariaDB through Django's mysql backend over mysqlclient (in the dev extra; it builds
-from source against libmariadb-dev, which .ci/run installs when missing)."""
+"""MariaDB through Django's mysql backend over mysqlclient (the ``mysqlclient`` extra:
+it builds from source against libmariadb-dev; tests/django/test_suites.py runs these
+settings only where it is installed, and .ci/run installs it after the README's commands)."""
 
 import os
 
