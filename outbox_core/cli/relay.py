@@ -36,8 +36,12 @@ if TYPE_CHECKING:
 @click.option("--lease", help="Lease per claim, e.g. 30s.")
 @click.option("--poll-interval", help="Idle poll interval, e.g. 200ms.")
 @click.option("--max-poll-interval", help="Longest idle poll interval, e.g. 5s.")
-@click.option("--max-attempts", type=int)
-@click.option("--ordered/--unordered", default=None, help="Per-key order (head of key).")
+@click.option("--max-attempts", type=int, help="Attempts before an event is dead [default: 10].")
+@click.option("--backoff-base", help="First retry's backoff, doubling per attempt, e.g. 1s.")
+@click.option("--backoff-cap", help="Longest retry backoff, e.g. 5m.")
+@click.option(
+    "--ordered/--unordered", default=None, help="Per-key order (the strategy: --ordering)."
+)
 @click.option(
     "--run-length", type=int, help="Ordered: consecutive events of a key per claim [default: 1]."
 )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -45,3 +49,27 @@ def test_every_database_command_takes_the_same_database_options() -> None:
     assert [name for name, _, _ in expected] == shared
     for name in ("doctor", "status", "cleanup", "replay", "relay"):
         assert options(name) == expected, name
+
+
+def test_relay_backoff_flags_reach_the_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--backoff-base`` and ``--backoff-cap`` (docs: reference/cli.md) set the retry backoff."""
+    from outbox_core.outbox import Outbox
+
+    seen: dict[str, Any] = {}
+
+    def relay(self: Outbox, broker_url: str, *, settings: Any, **_: Any) -> None:
+        seen["settings"] = settings
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(Outbox, "relay", relay)
+    db = f"sqlite:///{tmp_path / 'app.db'}"
+    assert CliRunner().invoke(main, ["install", "--db", db]).exit_code == 0
+    result = CliRunner().invoke(
+        main,
+        ["relay", "--db", db, "--broker", "memory://b", "--backoff-base", "2s"]
+        + ["--backoff-cap", "5m", "--once"],
+    )
+    assert result.exit_code == 0, result.output
+    assert (seen["settings"].backoff_base, seen["settings"].backoff_cap) == (2.0, 300.0)
