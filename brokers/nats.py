@@ -143,15 +143,31 @@ class NatsOptions:
     See :mod:`outbox_core.brokers.nats` for what each one does.
     """
 
+    #: The message: ``plain`` (the payload's JSON), ``cloudevents`` (the CloudEvents
+    #: JSON document) or ``cloudevents-binary`` (the payload, ``ce-`` headers).
     envelope: Envelope = "plain"
+    #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
+    #: by the ``cloudevents`` envelopes only.
     source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    #: Seconds (or ``10s``) to wait for a batch's JetStream acknowledgements; past it
+    #: the unacknowledged events are unavailable (no attempt spent), the connection reopened.
     ack_timeout: float = setting(10.0, positive=True)
+    #: Seconds (or ``5s``) to connect; nats-py's own connect timeout takes it rounded to
+    #: whole seconds (at least 1).
     connect_timeout: float = setting(5.0, positive=True)
+    #: Longest wait between connection attempts while NATS stays unreachable, in seconds
+    #: (or ``30s``); the waits start at 0.5 s and double.
     reconnect_max: float = 30.0
+    #: The client's name, shown by the server's monitoring (``connz``).
     connection_name: str = DEFAULT_CONNECTION_NAME
+    #: A ``.creds`` file (JWT and NKey seed) to authenticate with; it must exist.
     creds: str | None = setting(None, convert=_as_file)
+    #: Connect with TLS, checking the server against the system's CAs; a server that
+    #: does not require TLS is refused before any credentials are sent.
     tls: bool = False
+    #: A CA file to check the server's certificate against; implies ``tls``.
     tls_ca: str | None = setting(None, convert=_as_file)
+    #: An ``ssl.SSLContext`` (Python only); implies ``tls`` and wins over ``tls_ca``.
     ssl_context: ssl.SSLContext | None = None
 
 

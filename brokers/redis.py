@@ -142,16 +142,27 @@ class RedisOptions:
     See :mod:`outbox_core.brokers.redis` for what each one does.
     """
 
-    #: None: the event's topic is the stream key.
+    #: The key of the one stream every event goes to; None: the event's topic is the
+    #: stream key.
     stream: str | None = None
-    #: Approximate cap of each stream's length; None: no trimming.
+    #: Approximate cap of each stream's length in entries (``XADD MAXLEN ~``); None or
+    #: 0: no trimming.
     maxlen: int | None = setting(None, convert=_as_maxlen)
-    #: How long an event id is remembered; 0 disables deduplication.
+    #: How long an added event id is remembered, so a batch published again adds no
+    #: second entry: seconds (or ``1h``), cut to whole seconds; 0 disables deduplication.
     dedup_ttl: float = 3600.0
+    #: The entry's ``payload`` field: ``plain`` (the payload's JSON) or ``cloudevents``
+    #: (the CloudEvents JSON document).
     envelope: Envelope = "plain"
+    #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
+    #: with ``envelope=cloudevents`` only.
     source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    #: Seconds (or ``10s``) to wait for Redis's answer (redis-py's socket timeout, a
+    #: batch's script included); past it the batch is unavailable (no attempt spent).
     timeout: float = setting(10.0, positive=True)
+    #: Seconds (or ``5s``) to open a connection.
     connect_timeout: float = setting(5.0, positive=True)
+    #: The client's name (``CLIENT SETNAME``), shown by ``CLIENT LIST``.
     connection_name: str = DEFAULT_CONNECTION_NAME
 
 

@@ -183,18 +183,30 @@ class WebhookOptions:
     See :mod:`outbox_core.brokers.webhook` for what each one does.
     """
 
+    #: Requests of a batch sent at once, and the size of the connection pool; 1: one
+    #: after another.
     concurrency: int = 16
-    #: Seconds per request.
+    #: Seconds (or ``10s``) httpx waits at each step of a request: connecting, sending,
+    #: each read of the response, a free pooled connection. Not a total per request.
     timeout: float = setting(10.0, positive=True)
-    #: The HMAC key (``whsec_<base64>`` is decoded); None: requests are not signed.
+    #: The Standard Webhooks signing key: ``whsec_`` + base64 (the prefix optional), or
+    #: the key's bytes; None: requests carry no ``webhook-signature``.
     secret: bytes | None = setting(None, convert=_as_secret, repr=False)
+    #: The request body: ``plain`` (a JSON object with ``id``, ``topic``, ``key``,
+    #: ``payload``, ``headers``, ``created_at``, ``attempt``) or ``cloudevents`` (the
+    #: CloudEvents JSON document).
     envelope: Envelope = "plain"
+    #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
+    #: with ``envelope=cloudevents`` only.
     source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
-    #: Extra request headers: a mapping or a JSON object.
+    #: Extra request headers, a mapping or a JSON object (``{"X-Env": "prod"}``); the
+    #: content type, the ``webhook-*`` and trace headers the broker sets win over them.
     headers: Mapping[str, str] | None = setting(None, convert=_as_headers)
-    #: True, False, a CA bundle path or an :class:`ssl.SSLContext`.
+    #: Checking the server's certificate: true (the default CAs), false (no check), a
+    #: CA bundle file, or an ``ssl.SSLContext``. Unused with ``transport``.
     verify_tls: bool | ssl.SSLContext = setting(True, convert=_as_verify)  # noqa: RUF009 - a field()
-    #: An httpx transport instead of the pooled default (tests).
+    #: An ``httpx.BaseTransport`` (Python only) instead of the pooled default, for
+    #: tests; ``verify_tls`` and the pool size then do not apply.
     transport: httpx.BaseTransport | None = None
 
 

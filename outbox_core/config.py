@@ -29,50 +29,82 @@ DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 class Settings:
     """Every knob of the outbox and its relay, with production defaults."""
 
+    #: Database URL of the ``outbox`` commands, in SQLAlchemy's form
+    #: (``postgresql+psycopg://user@host/app``, ``sqlite:///app.db``); an async
+    #: driver is swapped for the sync one the relay uses.
     database_url: str | None = None
+    #: Broker URL of ``outbox relay`` (``outbox status`` probes it too); its scheme picks
+    #: the broker: ``amqp://``, ``kafka://``, ``nats://``, ``redis://``, ``https://``...
     broker_url: str | None = None
+    #: Name of the outbox table; its companions are ``<table>_inbox``,
+    #: ``<table>_relays`` and, for log tailing, ``<table>_wal``.
     table: str = "outbox"
+    #: Database schema of the tables; None: the connection's default schema.
     schema: str | None = None
+    #: Dialect to use instead of the URL's: ``postgresql``, ``mysql``, ``mariadb``,
+    #: ``mssql``, ``sqlite``, a plug-in's name or ``package.module:Class``; None: the URL's.
     dialect: str | None = None
-    #: Events claimed per cycle.
+    #: Most events claimed and published per cycle (capped at 1,000 on SQL Server,
+    #: 10,000 elsewhere); log tailing: most events per published batch.
     batch_size: int = 100
-    #: Seconds a claim is leased for; publishing a batch must finish within it.
+    #: Seconds (or ``30s``, ``2m``) a claim is leased for. ``run()`` renews the lease of
+    #: a batch in flight, for at most 10 leases; an expired lease is reaped back to
+    #: pending and its events are published again.
     lease: float = 30.0
-    #: Idle polling starts at this interval and doubles up to ``max_poll_interval``.
+    #: Seconds (or ``200ms``) an idle relay waits after a claim that found nothing; the
+    #: waits then double (jittered) up to ``max_poll_interval``. Not used by log tailing.
     poll_interval: float = 0.2
+    #: Longest wait between idle claims, in seconds (or ``5s``); at least ``poll_interval``.
+    #: A NOTIFY, or an enqueue committed in the relay's process, ends a wait early.
     max_poll_interval: float = 5.0
+    #: Attempts an event gets; each claim counts one, unless the broker was unavailable.
+    #: When the last fails (or its lease expires) the event is dead; a broker's reject
+    #: makes it dead at once.
     max_attempts: int = 10
+    #: Seconds (or ``500ms``, ``1s``) before the first retry of a failed event; each
+    #: further attempt waits twice as long, up to ``backoff_cap``. Waits are jittered
+    #: (between half and all of it); a broker's ``Retry-After`` is a lower bound.
     backoff_base: float = 1.0
+    #: Longest wait between two attempts of an event, in seconds (or ``5m``).
     backoff_cap: float = 300.0
-    #: Head-of-key ordering: events of one key are published in id order.
+    #: Per-key order: an event is published only once its key's earlier events are done
+    #: (sent, or dead: see ``block_on_dead``); the strategy is ``ordering``. Events
+    #: without a key are not ordered.
     ordered: bool = False
     #: In ordered mode, up to this many consecutive events of a key per claim
     #: (1: only the head). A run is published one event after another; the
     #: first failure stops its key and the rest go back unpublished.
     run_length: int = 1
-    #: In ordered mode, a dead head blocks the rest of its key.
+    #: A dead event holds back its key's later events until it is replayed (ordered
+    #: mode; log tailing makes them dead behind it). Off: they are published without it.
     block_on_dead: bool = True
-    #: How ordered relays keep a key's order. "partitions": each key hashed to
-    #: one of 256 partitions, the live relays sharing them (a membership table,
-    #: heartbeats), each relay ordering its own keys in memory; the fast way.
-    #: "heads": every claim proves in SQL that each key's head has nothing
-    #: unsent before it (no membership; slower, more so with many keys).
+    #: How ordered relays keep a key's order: ``partitions`` (each key hashed to one of
+    #: 256 partitions, shared among the live relays through a membership table with
+    #: heartbeats) or ``heads`` (each claim checks in SQL that a key has nothing unsent
+    #: before it: no membership, but slower, more so with many keys).
     ordering: Literal["partitions", "heads"] = "partitions"
-    #: Partitioned ordering: each relay writes its heartbeat this often ...
+    #: Partitioned ordering: how often each relay writes its heartbeat, in seconds
+    #: (or ``2s``).
     heartbeat: float = 2.0
-    #: ... and a relay whose heartbeat is older than this is stale: its
-    #: partitions move to the others. Shorter fails over faster, at more
-    #: heartbeat and rebalance traffic, and with less room for a slow database.
+    #: Partitioned ordering: a relay whose heartbeat is older than this (seconds, or ``10s``)
+    #: is stale and its partitions move to the others. At least twice ``heartbeat`` plus
+    #: the relay's lock wait (a quarter of ``lease``, 0.5 to 5 s); shorter fails over faster.
     stale_after: float = 10.0
-    #: PostgreSQL: producers NOTIFY at commit and relays LISTEN (polling stays the fallback).
+    #: PostgreSQL: ``enqueue`` sends NOTIFY with its insert and relays LISTEN, so they
+    #: claim at once; polling stays the fallback. Other databases: no effect.
     notify: bool = True
-    #: Delete rows once sent instead of marking them.
+    #: Delete a row once its event is sent instead of marking it sent (log tailing:
+    #: only rows published from the table).
     delete_on_send: bool = False
-    #: Sent rows older than this are removed by the relay's cleanup (0: never).
+    #: Age in seconds (or ``7d``) past which the relay's cleanup deletes sent rows
+    #: (log tailing: rows already relayed); dead rows are kept. 0: never.
     cleanup_after: float = 7 * 86400.0
+    #: How often the relay runs its cleanup, in seconds (or ``1m``); 0: never.
     cleanup_interval: float = 60.0
+    #: Rows deleted per cleanup transaction; one cleanup runs at most 10 of them.
     cleanup_batch: int = 1000
-    #: How often expired leases are returned to pending.
+    #: How often the relay returns expired leases to pending, in seconds (or ``5s``);
+    #: 0: this relay never reaps. Not used by log tailing.
     reap_interval: float = 5.0
     #: Largest payload (with its headers, as UTF-8 JSON) ``enqueue`` accepts; None:
     #: no limit of the outbox's own. Brokers have theirs: RabbitMQ 16 MiB (the
@@ -82,17 +114,20 @@ class Settings:
     #: dots: a RabbitMQ routing key, a Kafka topic, a NATS subject and a Redis
     #: stream key alike); off, any text of up to 255 characters is stored.
     portable_topics: bool = True
-    #: Where ``outbox relay`` reads events: "table" (claims, polling) or "wal"
-    #: (PostgreSQL's logical replication slot; README, Log tailing).
+    #: Where ``outbox relay`` reads events: ``table`` (claims, polling) or ``wal``
+    #: (PostgreSQL's logical replication slot, always in per-key order); ``install``,
+    #: ``uninstall``, ``status`` and ``doctor`` follow it. ``Outbox.relay()`` reads the table.
     source: Literal["table", "wal"] = "table"
-    #: Log tailing: the replication slot and publication [default: ``outbox_<table>``].
+    #: Log tailing: the replication slot; None: ``outbox_<table>`` (lower-case).
     slot: str | None = None
+    #: Log tailing: the publication of the outbox table; None: ``outbox_<table>``
+    #: (lower-case).
     publication: str | None = None
     #: Log tailing: an event that must wait longer than this (``enqueue(delay=)``,
     #: a retry's backoff) is handed to the table, its key's later events behind
     #: it, so that the slot's confirmed position (and the server's WAL) is not
-    #: held meanwhile. Shorter: fewer events held in memory, more table writes;
-    #: a very long one (``1y``) keeps every wait in memory.
+    #: held meanwhile. Seconds (or ``10s``); shorter: fewer events held in memory,
+    #: more table writes; a very long one (``365d``) keeps every wait in memory.
     defer_after: float = 10.0
 
     def __post_init__(self) -> None:

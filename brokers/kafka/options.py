@@ -93,17 +93,25 @@ class KafkaOptions:
     See :mod:`outbox_core.brokers.kafka` for what each one does.
     """
 
-    #: A fixed topic, or a template with ``{topic}``; None: the event's topic
-    #: (``outbox.event.{topic}`` with ``shape=debezium``).
+    #: The Kafka topic: a fixed name, or a template with ``{topic}`` (the event's topic)
+    #: such as ``orders.{topic}``; None: the event's topic (``outbox.event.{topic}``
+    #: with ``shape=debezium``). A name Kafka refuses makes the event rejected.
     topic: str | None = setting(None, convert=_check_topic)
+    #: The record's value: ``plain`` (the payload's JSON), ``cloudevents`` (the
+    #: CloudEvents JSON document) or ``cloudevents-binary`` (the payload, ``ce_`` headers).
     envelope: Envelope = "plain"
+    #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
+    #: by the ``cloudevents`` envelopes only.
     source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
-    #: ``outbox``: header ``event_id``; ``debezium``: the outbox event router's
-    #: message (header ``id``, topic ``outbox.event.<topic>``).
+    #: ``outbox``: the event id in header ``event_id``; ``debezium``: the records
+    #: Debezium's outbox event router writes (header ``id``, topic ``outbox.event.<topic>``).
     shape: Shape = "outbox"
-    #: How long librdkafka may try to deliver a message (``message.timeout.ms``).
+    #: Seconds (or ``30s``) librdkafka may spend delivering a record, retries included
+    #: (``message.timeout.ms``); a batch with nothing delivered by then is unavailable.
     delivery_timeout: float = setting(30.0, positive=True)
-    #: A probe's metadata request and a connection's set-up time limit.
+    #: Seconds (or ``5s``) for a broker connection's set-up
+    #: (``socket.connection.setup.timeout.ms``) and for the metadata request that checks
+    #: the cluster (a probe, or the first batch after an outage).
     connect_timeout: float = setting(5.0, positive=True)
 
     def topic_template(self) -> str:

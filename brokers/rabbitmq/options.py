@@ -95,26 +95,53 @@ class RabbitMQOptions:
     See :mod:`outbox_core.brokers.rabbitmq` for what each one does.
     """
 
+    #: The exchange events are published to; ``""``: the default exchange (the routing
+    #: key is then a queue's name), never declared.
     exchange: str = "outbox"
+    #: The exchange's type when the relay declares it (``topic``, ``direct``, ``fanout``,
+    #: ``headers``...); unused when ``declare_exchange`` is off.
     exchange_type: str = "topic"
+    #: Declare the exchange (durable, of ``exchange_type``) on connecting; off: only check
+    #: that it exists (missing: the broker is unavailable). ``amq.*`` ones are only checked.
     declare_exchange: bool = True
-    #: A template with ``{topic}``, ``{key}``, ``{event_id}``; None: the topic.
+    #: The routing key: a template with ``{topic}``, ``{key}`` (empty without a key) and
+    #: ``{event_id}``, such as ``orders.{topic}``; None: the topic. At most 255 bytes.
     routing_key: str | None = setting(None, convert=_check_routing_key)
+    #: The message: ``plain`` (the payload's JSON), ``cloudevents`` (the CloudEvents
+    #: JSON document) or ``cloudevents-binary`` (the payload, attributes as headers).
     envelope: Envelope = "plain"
+    #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
+    #: by the ``cloudevents`` envelopes only.
     source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    #: ``cloudevents-binary``: the prefix of the attribute headers, ``cloudEvents_``
+    #: (JMS-safe, the binding's preferred form) or ``cloudEvents:``.
     cloudevents_prefix: Prefix = "cloudEvents_"
+    #: A message no queue is bound for (returned by the broker): ``reject`` (dead at once)
+    #: or ``retry`` (an attempt spent, tried again after the backoff).
     unroutable: Unroutable = "reject"
+    #: Seconds (or ``10s``) to wait for a batch's publisher confirms; past it the
+    #: unconfirmed events are unavailable (no attempt spent) and the connection reopened.
     confirm_timeout: float = setting(10.0, positive=True)
+    #: Seconds (or ``10s``) for each step of connecting (TCP and AMQP handshake, channel,
+    #: confirm mode, exchange declaration); also the socket timeout's upper bound.
     connect_timeout: float = setting(10.0, positive=True)
-    #: None (or 0): no limit checked before publishing.
+    #: Largest message body in bytes; a larger one is rejected before publishing (it
+    #: would close the channel under the whole batch). None or 0: no check.
     max_message_size: int | None = setting(DEFAULT_MAX_MESSAGE_SIZE, convert=_as_size)
-    #: Cap of the reconnect backoff.
+    #: Longest wait between connection attempts while RabbitMQ stays unreachable, in
+    #: seconds (or ``30s``); the waits start at 0.5 s and double.
     reconnect_max: float = 30.0
-    #: Seconds (whole); 0 disables; None: the URL's or pika's.
+    #: AMQP heartbeat timeout in whole seconds (or ``60s``); 0 disables heartbeats;
+    #: None: the URL's ``heartbeat`` or the value negotiated with the server.
     heartbeat: float | None = None
+    #: The connection's name in RabbitMQ's management UI; None: the URL's
+    #: ``client_properties`` one, else ``outbox-toolkit relay``.
     connection_name: str | None = None
-    #: Replaces the default TLS context of ``amqps://``.
+    #: An ``ssl.SSLContext`` (Python only) to connect with TLS, replacing the
+    #: default context of ``amqps://``.
     ssl_context: ssl.SSLContext | None = None
+    #: The host name TLS checks the certificate against (and sends as SNI); None: the
+    #: URL's host. Needs ``amqps://`` or ``ssl_context``.
     server_hostname: str | None = None
 
 

@@ -66,10 +66,8 @@ def test_relay_backoff_flags_reach_the_settings(
     monkeypatch.setattr(Outbox, "relay", relay)
     db = f"sqlite:///{tmp_path / 'app.db'}"
     assert CliRunner().invoke(main, ["install", "--db", db]).exit_code == 0
-    result = CliRunner().invoke(
-        main,
-        ["relay", "--db", db, "--broker", "memory://b", "--backoff-base", "2s"]
-        + ["--backoff-cap", "5m", "--once"],
-    )
+    args = ["relay", "--db", db, "--broker", "memory://b", "--once"]
+    args += ["--backoff-base", "2s", "--backoff-cap", "5m"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert (seen["settings"].backoff_base, seen["settings"].backoff_cap) == (2.0, 300.0)
