@@ -19,6 +19,12 @@ from typing import Any, Literal
 
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, convert_fields, from_values, setting
+from outbox_core.redaction import mask_url
+
+#: The longest lease: a day. The relay's connections end a transaction left
+#: idle for a lease (PostgreSQL's limit for that is under 25 days), and a
+#: batch whose publishing takes longer than a day is stuck, not leased.
+MAX_LEASE = 86400.0
 
 #: ``Settings.max_payload_bytes`` by default: RabbitMQ's default message limit here.
 DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
@@ -50,7 +56,7 @@ class Settings:
     #: Seconds (or ``30s``, ``2m``) a claim is leased for. ``run()`` renews the lease of
     #: a batch in flight, for at most 10 leases; an expired lease is reaped back to
     #: pending and its events are published again.
-    lease: float = 30.0
+    lease: float = setting(30.0, positive=True, maximum=MAX_LEASE)
     #: Seconds (or ``200ms``) an idle relay waits after a claim that found nothing; the
     #: waits then double (jittered) up to ``max_poll_interval``. Not used by log tailing.
     poll_interval: float = 0.2
@@ -100,12 +106,12 @@ class Settings:
     #: (log tailing: rows already relayed); dead rows are kept. 0: never.
     cleanup_after: float = 7 * 86400.0
     #: How often the relay runs its cleanup, in seconds (or ``1m``); 0: never.
-    cleanup_interval: float = 60.0
+    cleanup_interval: float = setting(60.0, positive=True)
     #: Rows deleted per cleanup transaction; one cleanup runs at most 10 of them.
     cleanup_batch: int = 1000
     #: How often the relay returns expired leases to pending, in seconds (or ``5s``);
     #: 0: this relay never reaps. Not used by log tailing.
-    reap_interval: float = 5.0
+    reap_interval: float = setting(5.0, positive=True)
     #: Largest payload (with its headers, as UTF-8 JSON) ``enqueue`` accepts; None:
     #: no limit of the outbox's own. Brokers have theirs: RabbitMQ 16 MiB (the
     #: broker's ``max_message_size``), Kafka and NATS 1 MiB by default.
@@ -139,7 +145,7 @@ class Settings:
             raise ConfigurationError("max_attempts must be at least 1")
         if self.defer_after <= 0:
             raise ConfigurationError(
-                "defer_after must be positive (a long one, e.g. 1y, keeps every wait in memory)"
+                "defer_after must be positive (a long one, e.g. 365d, keeps every wait in memory)"
             )
         if self.poll_interval <= 0 or self.max_poll_interval < self.poll_interval:
             raise ConfigurationError("poll_interval must be positive and <= max_poll_interval")
@@ -153,6 +159,15 @@ class Settings:
                 f"plus the relay's lock wait ({lock_wait:g}s for a {self.lease:g}s lease): "
                 f"got heartbeat {self.heartbeat:g}s, stale_after {self.stale_after:g}s"
             )
+
+    def __repr__(self) -> str:
+        # The URLs may hold passwords (userinfo or query): masked, like every log line.
+        shown = ", ".join(
+            f"{f.name}={mask_url(value) if f.name.endswith('_url') and value else value!r}"
+            for f in fields(self)
+            for value in [getattr(self, f.name)]
+        )
+        return f"Settings({shown})"
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (and converted)."""
@@ -173,6 +188,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
 def _from_file(path: Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"config file {path} is not UTF-8 text: {exc.reason}") from None
     except OSError as exc:
         raise ConfigurationError(f"cannot read config file {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:

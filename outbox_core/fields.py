@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 import types
 from collections.abc import Callable, Mapping
@@ -23,23 +24,54 @@ from outbox_core.errors import ConfigurationError
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
+#: The longest duration any setting takes: 100 years. Beyond it a timestamp
+#: computed from it (now + the duration) leaves what the databases store.
+MAX_DURATION = 36500 * 86400.0
 
-def parse_duration(value: str | float | int, name: str = "duration") -> float:
-    """Seconds from ``30``, ``1.5``, ``500ms``, ``30s``, ``5m``, ``2h`` or ``7d``."""
-    if isinstance(value, bool):
+
+def parse_duration(
+    value: str | float | int, name: str = "duration", *, maximum: float = MAX_DURATION
+) -> float:
+    """Seconds from ``30``, ``1.5``, ``500ms``, ``30s``, ``5m``, ``2h`` or ``7d``.
+
+    Refused with :class:`ConfigurationError` naming ``name``: anything else, a
+    negative value, NaN or infinity, and more than ``maximum`` seconds.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ConfigurationError(f"{name}: expected a duration, got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
+        match = _DURATION.match(value)
         if not match:
             raise ConfigurationError(
-                f"{name}: {value!r} is not a duration (examples: 30, 500ms, 30s, 5m, 2h, 7d)"
+                f"{name}: {value[:40]!r} is not a duration (examples: 30, 500ms, 30s, 5m, 2h, 7d)"
             )
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if math.isnan(seconds):
+        raise ConfigurationError(f"{name}: expected a duration, got {value!r}")
     if seconds < 0:
         raise ConfigurationError(f"{name}: must not be negative")
+    if seconds > maximum:
+        raise ConfigurationError(
+            f"{name}: {_shown(value)} is too long; the longest is {format_duration(maximum)}"
+        )
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` in the largest unit that shows it whole (``86400`` -> ``1d``)."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS[unit]
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _shown(value: object) -> str:
+    """A value as an error shows it: a 309-digit string is cut, not printed whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def parse_bool(value: Any, name: str) -> bool:
@@ -54,15 +86,18 @@ def parse_bool(value: Any, name: str) -> bool:
     raise ConfigurationError(f"{name}: expected true or false, got {value!r}")
 
 
-def _parse_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name}: expected an integer, got {value!r}")
+def _parse_int(value: Any, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    # int(1.5) is 1: a float (TOML's batch_size = 1.5) is refused, not truncated.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigurationError(f"{name}: expected an integer, got {_shown(value)}")
     try:
         number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name}: expected an integer, got {value!r}") from None
+    except ValueError:
+        raise ConfigurationError(f"{name}: expected an integer, got {_shown(value)}") from None
     if number < minimum:
         raise ConfigurationError(f"{name}: must be at least {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ConfigurationError(f"{name}: must be at most {maximum}, got {_shown(number)}")
     return number
 
 
@@ -77,19 +112,24 @@ def setting(
     *,
     default_factory: Callable[[], Any] | None = None,
     minimum: int | None = None,
+    maximum: float | None = None,
     positive: bool = False,
     convert: Converter | None = None,
     repr: bool = True,
 ) -> Any:
     """A dataclass field with conversion rules the field's type cannot say.
 
-    ``minimum``: an ``int`` field's smallest value (default 1). ``positive``: a
-    duration (``float``) must be more than 0. ``convert``: the converter of a
-    type the mechanism cannot derive (a union, a mapping, a CA path or a context).
+    ``minimum``: an ``int`` field's smallest value (default 1). ``maximum``: an
+    ``int`` field's largest value, or a duration's longest (default
+    :data:`MAX_DURATION`). ``positive``: a duration (``float``) must be more
+    than 0. ``convert``: the converter of a type the mechanism cannot derive
+    (a union, a mapping, a CA path or a context).
     """
     metadata: dict[str, Any] = {}
     if minimum is not None:
         metadata["minimum"] = minimum
+    if maximum is not None:
+        metadata["maximum"] = maximum
     if positive:
         metadata["positive"] = True
     if convert is not None:
@@ -103,9 +143,9 @@ def _as_str(value: Any, name: str) -> str:
     return str(value)
 
 
-def _as_duration(positive: bool) -> Converter:
+def _as_duration(positive: bool, maximum: float = MAX_DURATION) -> Converter:
     def convert(value: Any, name: str) -> float:
-        seconds = parse_duration(value, name)
+        seconds = parse_duration(value, name, maximum=maximum)
         if positive and not seconds > 0:
             raise ConfigurationError(f"{name} must be positive, got {value!r}")
         return seconds
@@ -182,9 +222,14 @@ def _derive_one(owner: type, field: dataclasses.Field[Any], hint: Any) -> Conver
         return parse_bool
     if hint is int:
         minimum = int(field.metadata.get("minimum", 1))
-        return lambda value, name: _parse_int(value, name, minimum)
+        maximum = field.metadata.get("maximum")
+        top = None if maximum is None else int(maximum)
+        return lambda value, name: _parse_int(value, name, minimum, top)
     if hint is float:
-        return _as_duration(bool(field.metadata.get("positive")))
+        return _as_duration(
+            bool(field.metadata.get("positive")),
+            float(field.metadata.get("maximum", MAX_DURATION)),
+        )
     if hint is str:
         return _as_str
     if get_origin(hint) is Literal:

@@ -51,7 +51,13 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.orm import Session
 
 from outbox_core.dialects.base import delete_in_batches
-from outbox_core.errors import ConfigurationError, DatabaseError, EventError, translate_errors
+from outbox_core.errors import (
+    ConfigurationError,
+    DatabaseError,
+    EventError,
+    TableMissing,
+    translate_errors,
+)
 from outbox_core.outbox import Outbox
 from outbox_core.schema import DEFAULT_TABLE
 
@@ -167,6 +173,8 @@ class Inbox:
         else:
             self.outbox = Outbox(db, table=table or DEFAULT_TABLE, schema=schema, dialect=dialect)
             self._owns_outbox = True
+        #: Engines whose inbox table was found: looked up once per engine.
+        self._tables_seen: set[Engine] = set()
 
     @classmethod
     def for_outbox(cls, outbox: Outbox) -> Inbox:
@@ -224,8 +232,27 @@ class Inbox:
             )
         stmt = self.insert_statement(consumer, event_id)
         bind = conn if isinstance(conn, Connection) else conn.connection()
+        self._check_table(bind)
         self.dialect.inbox.guard(bind, consumer, normalize_event_id(event_id))
         return _rowcount(conn.execute(stmt)) == 1
+
+    def _check_table(self, conn: Connection) -> None:
+        """A missing inbox table is refused before its INSERT fails.
+
+        A failed INSERT would abort the caller's whole transaction on
+        PostgreSQL; this catalog read leaves it usable.
+        """
+        if conn.engine in self._tables_seen:
+            return
+        table = self.table
+        with translate_errors("inbox: reading the catalog"):
+            found = sa.inspect(conn).has_table(table.name, schema=table.schema)
+        if not found:
+            raise TableMissing(
+                f"inbox: table {table.fullname!r} does not exist: create it with "
+                "Inbox.install() (the inbox table alone), `outbox install` or your migrations"
+            )
+        self._tables_seen.add(conn.engine)
 
     def seen(self, conn: Connection | Session, consumer: str, event_id: str | uuid.UUID) -> bool:
         """``not record(...)``: ``True`` if the event was already processed. Records it too."""

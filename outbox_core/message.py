@@ -343,6 +343,11 @@ def _check_text(value: str, name: str) -> None:
         raise EventError(f"{name} contains a lone surrogate (not valid Unicode)") from None
 
 
+#: The longest ``delay``: the event's due time (now + delay) must stay within
+#: what every database's timestamp columns store (to the year 9999).
+MAX_DELAY = timedelta(days=36500)
+
+
 def _delay_seconds(delay: float | timedelta | None) -> float:
     if delay is None:
         return 0.0
@@ -355,6 +360,11 @@ def _delay_seconds(delay: float | timedelta | None) -> float:
         raise EventError(f"delay must be a timedelta or a number of seconds, not {delay!r}")
     if seconds < 0:
         raise EventError(f"delay must not be negative (got {seconds} seconds)")
+    if seconds > MAX_DELAY.total_seconds():
+        raise EventError(
+            f"delay is {seconds:.6g} seconds; the longest is {MAX_DELAY.days} days "
+            "(the event's due time must fit every database's timestamp columns)"
+        )
     return float(seconds)
 
 
@@ -407,7 +417,48 @@ def check_json(value: Any, name: str, default: JsonDefault | None = None) -> str
     depth = json_depth(text, MAX_JSON_DEPTH)
     if depth is not None:
         raise PayloadError(_too_deep(name, depth, MAX_JSON_DEPTH))
+    merged = _merged_keys(value, name)
+    if merged is not None:
+        raise PayloadError(merged)
     return text
+
+
+def _json_key(key: Any) -> str:
+    """The object key ``json.dumps`` writes for a dict key."""
+    if isinstance(key, str):
+        return key
+    return json.dumps(key) if isinstance(key, bool | None) else str(key)
+
+
+def _merged_keys(value: Any, name: str) -> str | None:
+    """Where two keys of one dict become the same JSON key (``1`` and ``"1"``), and why.
+
+    JSON objects have text keys: ``json.dumps`` writes ``1``, ``1.0``... as
+    text, and a reader keeps the last of two equal keys, so one value would
+    be lost. Only dicts with a key that is not text can merge.
+    """
+    stack: list[tuple[str, Any]] = [(name, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            if not all(type(k) is str for k in item):
+                seen: dict[str, Any] = {}
+                for key in item:
+                    text = _json_key(key)
+                    if text in seen:
+                        return (
+                            f"{path}: keys {seen[text]!r} and {key!r} are the same key in "
+                            "JSON (object keys are text): one value would be lost"
+                        )
+                    seen[text] = key
+            stack.extend((f"{path}[{k!r}]", v) for k, v in item.items() if _is_container(v))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item) if _is_container(v))
+    return None
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, dict | list | tuple)
 
 
 def _surrogate(path: str, text: str) -> str | None:

@@ -92,8 +92,7 @@ def missing_driver_error(url: URL, exc: ImportError) -> ConfigurationError:
     extra = _EXTRAS.get(driver)
     hint = f": pip install 'outbox-toolkit[{extra}]'" if extra else ""
     return ConfigurationError(
-        f"the {driver} driver for {mask_url(url.render_as_string(hide_password=False))} "
-        f"is not installed{hint} ({exc})"
+        f"the {driver} driver for {mask_url(url)} is not installed{hint} ({exc})"
     )
 
 
@@ -218,7 +217,7 @@ class Outbox:
         return self.settings.notify
 
     def __repr__(self) -> str:
-        url = mask_url(self.url.render_as_string(hide_password=False))
+        url = mask_url(self.url)
         return f"Outbox({url!r}, table={self.table.name!r})"
 
     @property
@@ -264,7 +263,7 @@ class Outbox:
             inspector = sa.inspect(conn)
             missing = [t for t in needed if not inspector.has_table(t.name, schema=t.schema)]
         if missing:
-            url = mask_url(self.url.render_as_string(hide_password=False))
+            url = mask_url(self.url)
             schema = f" --schema {self.table.schema}" if self.table.schema else ""
             what = " and ".join(repr(t.fullname) for t in missing)
             raise TableMissing(

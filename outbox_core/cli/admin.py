@@ -12,6 +12,7 @@ import click
 
 from outbox_core.cli.options import (
     DIALECT_NAMES,
+    Duration,
     broker_option,
     db_options,
     handle_errors,
@@ -29,7 +30,7 @@ from outbox_core.cli.wal import (
     wal_status,
 )
 from outbox_core.errors import ConfigurationError
-from outbox_core.fields import parse_duration
+from outbox_core.fields import format_duration
 from outbox_core.redaction import mask_url
 from outbox_core.schema import OutboxTables
 
@@ -46,7 +47,7 @@ def install(config_file: str | None, **values: Any) -> None:
     """
     settings = settings_from(config_file, **values)
     outbox = open_outbox(settings)
-    where = mask_url(outbox.url.render_as_string(hide_password=False))
+    where = mask_url(outbox.url)
     if settings.source == "wal":
         check_wal(outbox)  # refused before the table is made
     outbox.install()
@@ -95,7 +96,9 @@ def schema(dialect: str, table: str, schema: str | None) -> None:
 @click.command()
 @db_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
+@click.option(
+    "--watch", type=Duration(positive=True), help="Refresh at this interval (e.g. 2s) until ^C."
+)
 @click.option(
     "--broker",
     "broker_url",
@@ -148,27 +151,38 @@ def status(
 
 @click.command()
 @db_options
-@click.option("--older-than", default="7d", show_default=True, help="Age of sent rows to remove.")
-@click.option("--inbox-older-than", help="Also remove inbox records processed longer ago, e.g. 2d.")
+@click.option(
+    "--older-than",
+    type=Duration(),
+    default="7d",
+    show_default=True,
+    help="Age of sent rows to remove.",
+)
+@click.option(
+    "--inbox-older-than",
+    type=Duration(),
+    help="Also remove inbox records processed longer ago, e.g. 2d.",
+)
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 4000))
 @handle_errors
 def cleanup(
     config_file: str | None,
-    older_than: str,
-    inbox_older_than: str | None,
+    older_than: float,
+    inbox_older_than: float | None,
     batch: int,
     **values: Any,
 ) -> None:
     """Delete sent events (and old inbox records) in batches; never unsent or dead rows."""
     outbox = open_outbox(settings_from(config_file, **values))
-    removed = outbox.cleanup(older_than=parse_duration(older_than, "--older-than"), batch=batch)
-    click.echo(f"removed {removed} sent events older than {older_than}")
-    if inbox_older_than:
+    removed = outbox.cleanup(older_than=older_than, batch=batch)
+    click.echo(f"removed {removed} sent events older than {format_duration(older_than)}")
+    if inbox_older_than is not None:
         from outbox_core.inbox import cleanup_inbox
 
-        age = parse_duration(inbox_older_than, "--inbox-older-than")
-        removed = cleanup_inbox(outbox, age, batch)
-        click.echo(f"removed {removed} inbox records older than {inbox_older_than}")
+        removed = cleanup_inbox(outbox, inbox_older_than, batch)
+        click.echo(
+            f"removed {removed} inbox records older than {format_duration(inbox_older_than)}"
+        )
 
 
 @click.command()

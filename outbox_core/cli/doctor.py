@@ -8,10 +8,16 @@ from typing import Any
 
 import click
 
-from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
+from outbox_core.cli.options import (
+    Duration,
+    FiniteFloat,
+    db_options,
+    handle_errors,
+    open_outbox,
+    settings_from,
+)
 from outbox_core.cli.wal import source_options
 from outbox_core.doctor.model import DEAD_TUPLE_RATIO, MIN_DEAD_TUPLES
-from outbox_core.fields import parse_duration
 from outbox_core.redaction import mask_url
 
 
@@ -22,12 +28,14 @@ from outbox_core.redaction import mask_url
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 @click.option(
     "--max-backlog-age",
+    type=Duration(),
     default="5m",
     show_default=True,
     help="Longest acceptable wait of the oldest due event.",
 )
 @click.option(
     "--long-transaction",
+    type=Duration(),
     default="5m",
     show_default=True,
     help="PostgreSQL: report transactions open longer than this.",
@@ -36,7 +44,7 @@ from outbox_core.redaction import mask_url
     "--dead-tuple-ratio",
     default=DEAD_TUPLE_RATIO,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     help="PostgreSQL: warn when dead row versions exceed this share of live rows...",
 )
 @click.option(
@@ -51,8 +59,8 @@ def doctor_command(
     config_file: str | None,
     as_json: bool,
     strict: bool,
-    max_backlog_age: str,
-    long_transaction: str,
+    max_backlog_age: float,
+    long_transaction: float,
     dead_tuple_ratio: float,
     min_dead_tuples: int,
     **values: Any,
@@ -67,8 +75,8 @@ def doctor_command(
     try:
         findings = diagnose(
             outbox,
-            max_backlog_age=parse_duration(max_backlog_age, "--max-backlog-age"),
-            long_transaction=parse_duration(long_transaction, "--long-transaction"),
+            max_backlog_age=max_backlog_age,
+            long_transaction=long_transaction,
             dead_tuple_ratio=dead_tuple_ratio,
             min_dead_tuples=min_dead_tuples,
         )
@@ -77,7 +85,7 @@ def doctor_command(
     if as_json:
         click.echo(json.dumps(report_dict(outbox, findings, strict=strict), default=str))
     else:
-        url = mask_url(outbox.url.render_as_string(hide_password=False))
+        url = mask_url(outbox.url)
         title = f"outbox doctor: {url}, table {outbox.table.fullname} ({outbox.dialect.name})"
         click.echo(render_report(findings, title=title))
     sys.exit(exit_code(findings, strict=strict))

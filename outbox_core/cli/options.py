@@ -7,15 +7,17 @@ command that works on the outbox table takes them, ``doctor`` included.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from outbox_core.brokers.base import create_broker, probe_quietly
 from outbox_core.config import Settings, load_settings
 from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.fields import field_converters, parse_duration
 from outbox_core.outbox import Outbox
 from outbox_core.redaction import mask_url, redact
 
@@ -37,6 +39,77 @@ def handle_errors(func: F) -> F:
             sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
+
+
+if TYPE_CHECKING:
+    # Generic in newer click (its value and input types); plain before.
+    _ParamType = click.ParamType[Any, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class SettingValue(_ParamType):
+    """A flag converted by its ``Settings`` field's own converter (``outbox_core.fields``).
+
+    The flag, the ``OUTBOX_*`` variable and the TOML key go through the one
+    conversion; a value it refuses (out of range, not a number, NaN) is a
+    usage error naming the flag (exit 2), never a traceback.
+    """
+
+    def __init__(self, field: str, metavar: str) -> None:
+        self.field = field
+        self.name = metavar
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The converted value, or a usage error."""
+        try:
+            return field_converters(Settings)[self.field](value, self.field)
+        except ConfigurationError as exc:
+            self.fail(_reason(exc, self.field), param, ctx)
+
+
+class Duration(_ParamType):
+    """A duration flag (``30``, ``500ms``, ``5m``, ``7d``), parsed as settings are."""
+
+    name = "duration"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """Seconds, or a usage error."""
+        if isinstance(value, float):
+            return value
+        try:
+            seconds = parse_duration(value, "value")
+        except ConfigurationError as exc:
+            self.fail(_reason(exc, "value"), param, ctx)
+        if self.positive and seconds <= 0:
+            self.fail(f"must be more than 0, got {value!r}", param, ctx)
+        return seconds
+
+
+class FiniteFloat(click.FloatRange):
+    """A number in a range: NaN and infinity refused (a range check lets NaN through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The number, or a usage error."""
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+#: ``--metrics-port`` and the like: a TCP port to listen on.
+PORT = click.IntRange(1, 65535)
+
+
+def _reason(exc: ConfigurationError, name: str) -> str:
+    """The converter's message without its leading ``name:`` (click names the flag)."""
+    text = str(exc)
+    return text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
 
 
 def db_options(func: F) -> F:

@@ -11,6 +11,8 @@ import click
 
 from outbox_core.brokers.base import check_broker_url, create_broker
 from outbox_core.cli.options import (
+    PORT,
+    SettingValue,
     broker_option,
     db_options,
     handle_errors,
@@ -32,18 +34,36 @@ if TYPE_CHECKING:
 @db_options
 @click.option("--broker", "broker_url", help="Broker URL [env OUTBOX_BROKER_URL].")
 @broker_option
-@click.option("--batch-size", type=int)
-@click.option("--lease", help="Lease per claim, e.g. 30s.")
-@click.option("--poll-interval", help="Idle poll interval, e.g. 200ms.")
-@click.option("--max-poll-interval", help="Longest idle poll interval, e.g. 5s.")
-@click.option("--max-attempts", type=int, help="Attempts before an event is dead [default: 10].")
-@click.option("--backoff-base", help="First retry's backoff, doubling per attempt, e.g. 1s.")
-@click.option("--backoff-cap", help="Longest retry backoff, e.g. 5m.")
+@click.option("--batch-size", type=SettingValue("batch_size", "integer"))
+@click.option("--lease", type=SettingValue("lease", "duration"), help="Lease per claim, e.g. 30s.")
+@click.option(
+    "--poll-interval", type=SettingValue("poll_interval", "duration"), help="Idle poll interval."
+)
+@click.option(
+    "--max-poll-interval",
+    type=SettingValue("max_poll_interval", "duration"),
+    help="Longest idle poll interval, e.g. 5s.",
+)
+@click.option(
+    "--max-attempts",
+    type=SettingValue("max_attempts", "integer"),
+    help="Attempts before an event is dead [default: 10].",
+)
+@click.option(
+    "--backoff-base",
+    type=SettingValue("backoff_base", "duration"),
+    help="First retry's backoff, doubling per attempt, e.g. 1s.",
+)
+@click.option(
+    "--backoff-cap", type=SettingValue("backoff_cap", "duration"), help="Longest retry backoff."
+)
 @click.option(
     "--ordered/--unordered", default=None, help="Per-key order (the strategy: --ordering)."
 )
 @click.option(
-    "--run-length", type=int, help="Ordered: consecutive events of a key per claim [default: 1]."
+    "--run-length",
+    type=SettingValue("run_length", "integer"),
+    help="Ordered: consecutive events of a key per claim [default: 1].",
 )
 @click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
 @click.option(
@@ -52,12 +72,24 @@ if TYPE_CHECKING:
     help="Ordered: key partitions shared by live relays, or head-of-key claims "
     "[default: partitions].",
 )
-@click.option("--heartbeat", help="Partitions: heartbeat interval, e.g. 2s.")
-@click.option("--stale-after", help="Partitions: a relay silent this long is stale, e.g. 10s.")
+@click.option(
+    "--heartbeat",
+    type=SettingValue("heartbeat", "duration"),
+    help="Partitions: heartbeat interval, e.g. 2s.",
+)
+@click.option(
+    "--stale-after",
+    type=SettingValue("stale_after", "duration"),
+    help="Partitions: a relay silent this long is stale, e.g. 10s.",
+)
 @click.option("--delete-on-send", is_flag=True, default=None)
-@click.option("--cleanup-after", help="Remove sent rows older than this, e.g. 7d (0: never).")
+@click.option(
+    "--cleanup-after",
+    type=SettingValue("cleanup_after", "duration"),
+    help="Remove sent rows older than this, e.g. 7d (0: never).",
+)
 @click.option("--notify/--no-notify", default=None, help="PostgreSQL LISTEN/NOTIFY wake-ups.")
-@click.option("--metrics-port", type=int, help="Serve /metrics and /healthz on this port.")
+@click.option("--metrics-port", type=PORT, help="Serve /metrics and /healthz on this port.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option("--name", help="Relay name used in lease tokens and logs.")
 @source_options
@@ -82,7 +114,7 @@ def relay(
     outbox = open_outbox(settings)
     logging.getLogger("outbox.relay").info(
         "relaying %s -> %s",
-        mask_url(outbox.url.render_as_string(hide_password=False)),
+        mask_url(outbox.url),
         mask_url(settings.broker_url),
     )
     if settings.source == "wal":

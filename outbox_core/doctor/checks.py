@@ -61,7 +61,7 @@ def diagnose(
     try:
         conn = outbox.engine.connect()
     except (sa.exc.SQLAlchemyError, OutboxError) as exc:
-        url = mask_url(outbox.url.render_as_string(hide_password=False))
+        url = mask_url(outbox.url)
         return [
             Finding(
                 "connection",
@@ -83,6 +83,8 @@ def diagnose(
             ("dead_events", _check_dead_events),
         ]
         for name, check in checks:
+            if name == "backlog" and any(f.check == "backlog" for f in findings):
+                continue  # the family's own stands (log tailing: the stream, not the rows)
             findings.extend(_run(ctx, name, check))
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
     return sorted(findings, key=lambda f: order[f.severity])

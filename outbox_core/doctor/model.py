@@ -106,7 +106,7 @@ class DoctorContext:
     def install_command_for(outbox: Outbox) -> str:
         """``outbox install ...`` for ``outbox`` (password masked)."""
         table = outbox.table
-        url = mask_url(outbox.url.render_as_string(hide_password=False))
+        url = mask_url(outbox.url)
         args = f"outbox install --db '{url}'"
         args += f" --table {table.name}"
         if table.schema:

@@ -45,7 +45,7 @@ def render_report(findings: list[Finding], *, title: str | None = None) -> str:
 def report_dict(outbox: Outbox, findings: list[Finding], *, strict: bool = False) -> dict[str, Any]:
     """The JSON form of ``outbox doctor --json``."""
     return {
-        "database": mask_url(outbox.url.render_as_string(hide_password=False)),
+        "database": mask_url(outbox.url),
         "dialect": outbox.dialect.name,
         "table": outbox.table.fullname,
         "healthy": exit_code(findings, strict=strict) == 0,

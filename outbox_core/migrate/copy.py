@@ -31,7 +31,7 @@ from outbox_core.redaction import mask_url, redact
 
 
 def _describe(outbox: Outbox) -> str:
-    url = mask_url(outbox.url.render_as_string(hide_password=False))
+    url = mask_url(outbox.url)
     return f"{url} (table {outbox.table.fullname})"
 
 
@@ -108,7 +108,7 @@ def _lease_problem(leases: _Leases) -> str:
 
 
 def _missing_table_problem(outbox: Outbox, side: str) -> str:
-    url = mask_url(outbox.url.render_as_string(hide_password=False))
+    url = mask_url(outbox.url)
     table = outbox.table
     if side == "source":
         return f"source table {table.fullname!r} does not exist on {url}: check --from and --table"

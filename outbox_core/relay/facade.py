@@ -321,8 +321,11 @@ class Relay(Closing):
             released = self.connections.call(
                 "release", self.dialect.release, [e.id for e in events], token=token
             )
-        except DatabaseError:
-            log.exception("could not release %d claims; their leases will expire", len(events))
+        except DatabaseError as exc:
+            # The database says why in one line (down, restarting): no traceback.
+            log.warning(
+                "could not release %d claims (%s); their leases will expire", len(events), exc
+            )
             return 0
         log.info("released %d unpublished claims", released, extra={"count": released})
         return released

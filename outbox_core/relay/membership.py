@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Dialect
 from outbox_core.dialects.base.partitioned import Member
+from outbox_core.errors import DatabaseError
 from outbox_core.partitions import describe, split
 from outbox_core.relay.connections import Connections
 
@@ -175,7 +176,14 @@ class Membership:
             self.leaving = True
             try:
                 self.rebalance(leaving=True)
+            except DatabaseError as exc:
+                # Typically the database is down as the relay stops: one line, no traceback.
+                log.warning(
+                    "relay %s could not leave the ordered relays (%s); the others take its "
+                    "partitions over once its heartbeat is stale",
+                    self.relay_id,
+                    exc,
+                )
             except Exception:
-                # The others take the partitions over once this heartbeat is stale.
                 log.exception("relay %s could not leave the ordered relays", self.relay_id)
             self.joined = False

@@ -7,6 +7,8 @@
   the server's raw CHECK failure; ``outbox migrate --check-only`` finds it;
 - a payload over ``max_payload_bytes`` (16 MiB by default) is refused at enqueue;
 - a missing outbox table is ``TableMissing`` naming ``outbox install``;
+- a delay whose due time no database stores, and keys JSON would merge into
+  one (``1`` and ``"1"``), are refused before anything is written;
 - ``Outbox(json_default=...)`` encodes Decimal, datetime, UUID, dataclasses and
   pydantic models, and every check applies to the encoded result.
 """
@@ -332,3 +334,65 @@ def test_portable_topics_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("OUTBOX_PORTABLE_TOPICS", "false")
     assert load_settings().portable_topics is False
+
+
+# -- values beyond what a database stores ------------------------------------------------------
+
+OUT_OF_RANGE_DELAYS = [
+    dt.timedelta(days=999_999_999),
+    1e300,
+    float("inf"),
+    36501 * 86400,
+]
+
+
+@pytest.mark.parametrize("delay", OUT_OF_RANGE_DELAYS, ids=["999999999d", "1e300", "inf", "100y+"])
+def test_a_delay_beyond_the_timestamp_columns_is_refused_and_the_transaction_stays_usable(
+    outbox: Outbox, delay: Any
+) -> None:
+    marker = sa.Table(f"{outbox.table.name}_biz", sa.MetaData(), sa.Column("n", sa.Integer))
+    marker.create(outbox.engine)
+    try:
+        with outbox.engine.begin() as conn:
+            conn.execute(marker.insert().values(n=1))  # the business write, before the event
+            with pytest.raises(EventError, match="delay"):
+                outbox.enqueue(conn, "t", {"n": 1}, delay=delay)
+            # A batch with one such delay writes none of its events.
+            good = [{"topic": "t", "payload": {"n": i}} for i in range(5)]
+            with pytest.raises(EventError, match=r"events\[5\]: delay"):
+                outbox.enqueue_many(conn, [*good, {"topic": "t", "payload": {}, "delay": delay}])
+            conn.execute(marker.insert().values(n=2))  # the transaction goes on
+        with outbox.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(marker)).scalar_one() == 2
+        assert count(outbox) == 0
+    finally:
+        marker.drop(outbox.engine)
+
+
+def test_the_longest_delay_is_stored(outbox: Outbox) -> None:
+    with outbox.engine.begin() as conn:
+        outbox.enqueue(conn, "t", {"n": 1}, delay=dt.timedelta(days=36500))
+    assert count(outbox) == 1
+
+
+# -- keys JSON would merge -------------------------------------------------------------------
+
+MERGING = [
+    {1: "x", "1": "y"},
+    {"order": {2.5: "a", "2.5": "b"}},
+    {"lines": [{True: 1, "true": 2}]},
+    {None: 1, "null": 2},
+]
+
+
+@pytest.mark.parametrize("payload", MERGING, ids=["int-str", "float-nested", "bool-list", "none"])
+def test_keys_json_would_merge_are_refused_not_silently_dropped(
+    outbox: Outbox, payload: Any
+) -> None:
+    with outbox.engine.begin() as conn:
+        with pytest.raises(PayloadError, match="same key in JSON"):
+            outbox.enqueue(conn, "t", payload)
+        outbox.enqueue(conn, "t", {1: "x", 2: "y"})  # keys that do not collide are fine
+    with outbox.engine.connect() as conn:
+        stored = conn.execute(sa.select(outbox.table.c.payload)).scalar_one()
+    assert stored == {"1": "x", "2": "y"}

@@ -2,37 +2,26 @@
 
 First delivery recorded, duplicates refused, rollbacks record nothing,
 concurrent consumers of one id: exactly one wins. Cleanup by age in bounded
-batches. End to end: the documented pika consumer against the real RabbitMQ,
-with duplicate publishes, failed effects and lost acknowledgements, applies
-each event's effect exactly once.
+batches. The documented consumers (docs/examples/consumers/) run end to end in
+``tests/contract/test_consumer_examples.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
-from typing import Any
 
-import pika
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from outbox_core import Outbox
+from outbox_core.errors import TableMissing
 from outbox_core.inbox import Inbox, cleanup_inbox
 from tests.conftest import async_url
-from tests.contract.broker_fixtures import RabbitState
 from tests.support import set_lock_timeout
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "consumer_example.py"
 
 
 @pytest.fixture
@@ -292,182 +281,20 @@ def test_install_creates_only_the_inbox_table(db_url: str, table_name: str) -> N
         inbox.dispose()
 
 
-# -- end to end with RabbitMQ and the documented consumer ---------------------------------
-
-
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("consumer_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class AckLost:
-    """A channel whose first ``basic_ack`` of some messages is lost: they are redelivered."""
-
-    lock = threading.Lock()
-
-    def __init__(self, channel: Any, event_id: str, lose: set[str], lost: set[str]) -> None:
-        self.channel, self.event_id, self.lose, self.lost = channel, event_id, lose, lost
-
-    def basic_ack(self, delivery_tag: int) -> None:
-        with self.lock:
-            lose = self.event_id in self.lose and self.event_id not in self.lost
-            self.lost.add(self.event_id)
-        if lose:
-            self.channel.basic_nack(delivery_tag, requeue=True)
-        else:
-            self.channel.basic_ack(delivery_tag)
-
-    def basic_nack(self, delivery_tag: int, requeue: bool = True) -> None:
-        self.channel.basic_nack(delivery_tag, requeue=requeue)
-
-
-class Consumer(threading.Thread):
-    """One consumer process: its own AMQP connection, the example's handler."""
-
-    def __init__(self, rabbit: RabbitState, callback: Callable[..., None]) -> None:
-        super().__init__(daemon=True)
-        self.rabbit, self.callback = rabbit, callback
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            connection = pika.BlockingConnection(pika.URLParameters(self.rabbit.url))
-            channel = connection.channel()
-            channel.basic_qos(prefetch_count=5)
-            channel.basic_consume(self.rabbit.queue, on_message_callback=self.callback)
-            while not self.stop.is_set():
-                connection.process_data_events(time_limit=0.1)
-            connection.close()  # unacknowledged messages return to the queue
-        except BaseException as exc:
-            self.error = exc
-
-
-def test_rabbitmq_redeliveries_apply_each_effect_exactly_once(
-    outbox: Outbox, inbox: Inbox, rabbit: RabbitState
+def test_a_missing_inbox_table_is_table_missing_and_the_transaction_stays_usable(
+    db_url: str, table_name: str
 ) -> None:
-    example = load_example()
-    meta = sa.MetaData()
-    invoices = sa.Table(
-        f"{outbox.table.name}_invoices",
-        meta,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("order_id", sa.Integer, nullable=False),  # no unique key: repeats would show
-    )
-    meta.create_all(outbox.engine)
-
-    n = 40
-    ids = [new_id() for _ in range(n)]
-    order_of = {event_id: i for i, event_id in enumerate(ids)}
-    published_twice = set(ids[::5])  # a relay that died before marking them sent
-    fail_first = set(ids[1::7])  # the effect fails once: rolled back, requeued
-    lose_ack = set(ids[2::6])  # committed, but the ack never reached RabbitMQ
-    lock = threading.Lock()
-    failed: set[str] = set()
-    lost: set[str] = set()
-    outcomes: list[tuple[str, str]] = []
-
-    def effect(conn: sa.Connection, payload: Any) -> None:
-        event_id = ids[payload["order_id"]]
-        with lock:
-            fail = event_id in fail_first and event_id not in failed
-            failed.add(event_id)
-        conn.execute(invoices.insert().values(order_id=payload["order_id"]))
-        if fail:
-            raise RuntimeError("payment provider timed out")
-
-    def on_message(channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        event_id = properties.message_id
-        target = AckLost(channel, event_id, lose_ack, lost)
-        outcome = example.handle_message(
-            outbox.engine, inbox, effect, target, method, properties, body
-        )
-        with lock:
-            outcomes.append((event_id, outcome))
-
-    def publish(event_id: str) -> None:
-        rabbit.channel.basic_publish(
-            rabbit.exchange,
-            "contract.order.created",
-            json.dumps({"order_id": order_of[event_id]}).encode(),
-            pika.BasicProperties(
-                message_id=event_id, content_type="application/json", delivery_mode=2
-            ),
-        )
-
-    consumers = [Consumer(rabbit, on_message) for _ in range(2)]
+    inbox = Inbox(db_url, table=table_name)  # never installed
     try:
-        for c in consumers:
-            c.start()
-        for event_id in ids:
-            publish(event_id)
-            if event_id in published_twice:
-                publish(event_id)
-        expected = n + len(published_twice) + len(fail_first) + len(lose_ack)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(outcomes) < expected:
-            assert all(c.error is None for c in consumers), [c.error for c in consumers]
-            time.sleep(0.05)
-        time.sleep(0.3)  # anything beyond the expected deliveries would show up now
+        with inbox.outbox.engine.connect() as conn, conn.begin():
+            with pytest.raises(TableMissing, match=r"Inbox.install\(\)"):
+                inbox.record(conn, "billing", new_id())
+            # A refused INSERT would have aborted the transaction on PostgreSQL.
+            assert conn.execute(sa.select(sa.literal(1))).scalar_one() == 1
+        inbox.install()
+        with inbox.outbox.engine.begin() as conn:
+            assert inbox.record(conn, "billing", new_id()) is True
     finally:
-        for c in consumers:
-            c.stop.set()
-        for c in consumers:
-            c.join(10)
-    try:
-        assert [c.error for c in consumers] == [None, None]
-        kinds = Counter(kind for _, kind in outcomes)
-        assert kinds == {
-            "processed": n,
-            "duplicate": len(published_twice) + len(lose_ack),
-            "retry": len(fail_first),
-        }, kinds
-        # The proof: one invoice per event, although many were delivered twice.
-        with outbox.engine.connect() as conn:
-            per_order = Counter(conn.execute(sa.select(invoices.c.order_id)).scalars())
-        assert per_order == Counter(range(n))
-        assert {e for _, e in inbox_rows(inbox)} == set(ids)
-        # Everything acknowledged: nothing left in the queue.
-        declared = rabbit.channel.queue_declare(rabbit.queue, passive=True)
-        assert declared.method.message_count == 0
-    finally:
-        meta.drop_all(outbox.engine)
-
-
-def test_the_example_rejects_messages_it_cannot_deduplicate(outbox: Outbox, inbox: Inbox) -> None:
-    example = load_example()
-    calls: list[tuple[str, int, bool]] = []
-
-    class Channel:
-        def basic_ack(self, delivery_tag: int) -> None:
-            calls.append(("ack", delivery_tag, False))
-
-        def basic_nack(self, delivery_tag: int, requeue: bool = True) -> None:
-            calls.append(("nack", delivery_tag, requeue))
-
-    class Method:
-        delivery_tag = 7
-
-    effects: list[Any] = []
-
-    def run(message_id: str | None, body: bytes) -> str:
-        outcome: str = example.handle_message(
-            outbox.engine,
-            inbox,
-            lambda conn, payload: effects.append(payload),
-            Channel(),
-            Method(),
-            pika.BasicProperties(message_id=message_id),
-            body,
-        )
-        return outcome
-
-    assert run(None, b"{}") == "rejected"
-    assert run("order-42", b"{}") == "rejected"
-    assert run(new_id(), b"not json") == "rejected"
-    assert calls == [("nack", 7, False)] * 3 and effects == []
-    with pytest.raises(Exception, match="inbox consumer"):
-        example.make_callback(outbox.engine, inbox, print, consumer="")
+        with inbox.outbox.engine.begin() as conn:
+            inbox.table.drop(conn, checkfirst=True)
+        inbox.dispose()

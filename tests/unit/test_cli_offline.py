@@ -71,3 +71,67 @@ def test_relay_backoff_flags_reach_the_settings(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert (seen["settings"].backoff_base, seen["settings"].backoff_cap) == (2.0, 300.0)
+
+
+# -- bad input is a usage error, never a traceback --------------------------------------------
+
+BAD_FLAGS = [
+    ["status", "--watch", "-1"],
+    ["status", "--watch", "nan"],
+    ["status", "--watch", "0"],
+    ["relay", "--broker", "memory://b", "--metrics-port", "99999"],
+    ["relay", "--broker", "memory://b", "--metrics-port", "-1"],
+    ["relay", "--broker", "memory://b", "--lease", "30d"],
+    ["relay", "--broker", "memory://b", "--lease", "1" * 309],
+    ["relay", "--broker", "memory://b", "--lease", "nan"],
+    ["relay", "--broker", "memory://b", "--batch-size", "1.5"],
+    ["relay", "--broker", "memory://b", "--poll-interval", "inf"],
+    ["cleanup", "--older-than", "inf"],
+    ["doctor", "--dead-tuple-ratio", "nan"],
+    ["doctor", "--max-backlog-age", "-5m"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_FLAGS, ids=[" ".join(a)[:40] for a in BAD_FLAGS])
+def test_a_bad_flag_is_a_usage_error_naming_it(args: list[str], tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'app.db'}"
+    result = CliRunner().invoke(main, [args[0], "--db", db, *args[1:]])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    flag = next(a for a in args if a.startswith("--") and a not in ("--broker",))
+    assert f"Invalid value for '{flag}'" in result.output, result.output
+
+
+BAD_TOML = {
+    "lease = nan": "lease",
+    "lease = inf": "lease",
+    "poll_interval = inf": "poll_interval",
+    "batch_size = 1.5": "batch_size",
+    "cleanup_after = inf": "cleanup_after",
+    "reap_interval = 0": "reap_interval",
+    'lease = "30d"': "lease",
+}
+
+
+@pytest.mark.parametrize("line", list(BAD_TOML))
+def test_a_bad_toml_value_is_the_toolkits_error_naming_the_setting(
+    line: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "outbox.toml"
+    config.write_text(f"[outbox]\n{line}\n", encoding="utf-8")
+    db = f"sqlite:///{tmp_path / 'app.db'}"
+    result = CliRunner().invoke(
+        main, ["relay", "--db", db, "--broker", "memory://b", "--config", str(config), "--once"]
+    )
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.output.startswith(f"error: {BAD_TOML[line]}"), result.output
+
+
+def test_a_toml_file_that_is_not_utf8_is_the_toolkits_error(tmp_path: Path) -> None:
+    config = tmp_path / "outbox.toml"
+    config.write_bytes("[outbox]\ntable = 'caf\u00e9'\n".encode("latin-1"))
+    result = CliRunner().invoke(main, ["status", "--db", "sqlite://", "--config", str(config)])
+    assert result.exit_code == 2
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "is not UTF-8" in result.output
