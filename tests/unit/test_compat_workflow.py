@@ -42,3 +42,15 @@ def test_broker_jobs_run_existing_suites_against_their_servers() -> None:
 def test_every_job_has_a_timeout() -> None:
     for name, job in jobs().items():
         assert job.get("timeout-minutes"), name
+
+
+def test_mysql_jobs_run_the_optional_driver_tests() -> None:
+    """mysqlclient builds from source: the MySQL and MariaDB jobs install it and run its tests."""
+    for name in ("mysql", "mariadb"):
+        steps = [s for s in jobs()[name]["steps"] if "optional_driver" in s.get("run", "")]
+        assert len(steps) == 1, name
+        step = steps[0]
+        assert "pip install -e '.[mysqlclient]'" in step["run"]
+        assert step["env"]["OUTBOX_TEST_OPTIONAL_DRIVERS"] == "1"
+        for path in re.findall(r"tests/[\w/]+\.py", step["run"]):
+            assert (ROOT / path).is_file(), path
