@@ -7,6 +7,16 @@ and injecting request errors need ``rd_kafka_mock_*`` (rdkafka_mock.h),
 called here with ctypes on the very library confluent-kafka loaded. It is a
 test double, not Kafka: authorisation, retention and a real broker's topic
 rules belong in the compatibility workflow with a real Kafka.
+
+Topic auto-creation: the mock cluster creates a topic when a Metadata
+request allows it (the client's ``allow.auto.create.topics``, true by
+default for a producer) or when a partition of it is first used; it has no
+setting of its own to refuse (no ``test.mock.*`` property for it). A client
+with ``allow.auto.create.topics=false`` therefore sees a cluster with
+``auto.create.topics.enable=false``: its Metadata requests for a missing
+topic are answered UNKNOWN_TOPIC_OR_PART. It serves no CreateTopics request
+either (an AdminClient waits "for controller" until its timeout):
+:meth:`MockCluster.admin` stands in for the AdminClient's ``create_topics``.
 """
 
 from __future__ import annotations
@@ -15,13 +25,14 @@ import ctypes
 import glob
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import confluent_kafka
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 #: The Kafka protocol's API key of Produce requests.
@@ -54,6 +65,7 @@ def _library() -> ctypes.CDLL:
     lib.rd_kafka_mock_broker_set_down.argtypes = [vp, i32]
     lib.rd_kafka_mock_broker_set_up.argtypes = [vp, i32]
     lib.rd_kafka_mock_topic_create.argtypes = [vp, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_mock_topic_create.restype = ctypes.c_int
     lib.rd_kafka_mock_push_request_errors_array.argtypes = [
         vp,
         ctypes.c_int16,
@@ -93,9 +105,15 @@ class MockCluster:
         """The broker URL the toolkit takes: ``kafka://host:port,...``."""
         return "kafka://" + self.bootstrap
 
-    def create_topic(self, topic: str, partitions: int = 4, replication: int = 1) -> None:
-        """Create ``topic`` (the mock cluster also creates topics on first use)."""
-        self.lib.rd_kafka_mock_topic_create(self._mc, topic.encode(), partitions, replication)
+    def create_topic(self, topic: str, partitions: int = 4, replication: int = 1) -> int:
+        """Create ``topic`` (the mock also creates topics on first use); 0 or Kafka's error."""
+        return int(
+            self.lib.rd_kafka_mock_topic_create(self._mc, topic.encode(), partitions, replication)
+        )
+
+    def admin(self) -> MockAdmin:
+        """A stand-in for the AdminClient's ``create_topics`` (the mock serves no CreateTopics)."""
+        return MockAdmin(self)
 
     def down(self) -> None:
         """Every broker disconnects its clients and refuses new connections."""
@@ -124,6 +142,59 @@ class MockCluster:
         if self._rk:
             self.lib.rd_kafka_destroy(self._rk)
             self._rk = None
+
+
+@dataclass
+class MockAdmin:
+    """``AdminClient.create_topics`` answered by the mock cluster's C API.
+
+    Creates each topic as asked (-1: the mock's defaults, 4 partitions and
+    as many replicas as brokers up to 3) and records the requests.
+    """
+
+    cluster: MockCluster
+    requests: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def create_topics(self, new_topics: Sequence[NewTopic], **_: Any) -> dict[str, Future[None]]:
+        """One finished future per topic, failed with Kafka's error as the real client's are."""
+        futures: dict[str, Future[None]] = {}
+        for new in new_topics:
+            partitions, replication = new.num_partitions, new.replication_factor
+            self.requests.append((new.topic, partitions, replication))
+            code = self.cluster.create_topic(
+                new.topic,
+                partitions if partitions > 0 else 4,
+                replication if replication > 0 else min(3, self.cluster.count),
+            )
+            future: Future[None] = Future()
+            if code:
+                future.set_exception(KafkaException(KafkaError(code)))
+            else:
+                future.set_result(None)
+            futures[new.topic] = future
+        return futures
+
+
+def topic_layout(bootstrap: str, topic: str, timeout: float = 15) -> tuple[int, int] | None:
+    """``(partitions, replicas of partition 0)`` of ``topic``; None when it does not exist.
+
+    Asked without letting the cluster create the topic.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "outbox-test-layout",
+            "allow.auto.create.topics": False,
+            "log_level": 0,
+        }
+    )
+    try:
+        info: Any = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    finally:
+        consumer.close()
+    if info is None or info.error is not None or not info.partitions:
+        return None
+    return len(info.partitions), len(info.partitions[0].replicas)
 
 
 class RealCluster:
@@ -171,6 +242,9 @@ class RealCluster:
         pytest.skip("needs librdkafka's mock cluster (fault injection), not a real Kafka")
 
     down = up = fail_produce = clear_errors = _needs_the_mock
+
+    def admin(self) -> None:
+        """None: the broker's own AdminClient creates topics on a real Kafka."""
 
     def close(self) -> None:
         """Nothing to destroy: the next test deletes the topics."""

@@ -7,7 +7,22 @@ producer is idempotent with ``acks=all``: librdkafka retries inside
 so a key's records (one partition) keep the batch's order
 (:attr:`KafkaBroker.keeps_batch_order`).
 
-Outcomes, from the delivery reports and from ``produce()`` itself:
+Topics. Before producing, the broker asks the cluster's metadata whether
+each topic of the batch exists (a topic seen to exist is asked again after
+5 minutes, a missing one after 1 second). An event for a missing topic is
+never handed to librdkafka, which would hold it (and with it its batch's
+wait) for ``topic.metadata.propagation.max.ms``, 30 s: it fails at once,
+saying the topic is missing, and the rest of the batch is delivered at
+normal speed. The metadata request asks the cluster to create the topic
+where it creates topics on first use (``auto.create.topics.enable``; turn
+that off for this client with ``allow.auto.create.topics=false``). With
+``create_topics=true`` the relay creates a missing topic itself through
+Kafka's admin API (``topic_partitions``, ``topic_replication``; unset: the
+cluster's defaults), and the cluster never does. A fixed ``topic`` is
+checked (and created) by :meth:`KafkaBroker.probe`, which the relay calls
+before its first claim and ``outbox status`` calls too.
+
+Outcomes, from the topic check, the delivery reports and ``produce()``:
 
 * delivered -> ``ok`` (every in-sync replica has it);
 * a record Kafka will never take -> ``reject``: too large
@@ -15,14 +30,22 @@ Outcomes, from the delivery reports and from ``produce()`` itself:
   before sending; the broker's own limit), an invalid topic name (checked
   before producing), topic authorisation refused, a record or policy the
   broker refuses;
-* anything else the broker answers for one record (an unknown topic where
-  auto-creation is off, not enough replicas, a timeout while other records of
-  the batch got through) -> ``retry``;
+* a missing topic (not created: auto-creation off, or ``create_topics``
+  refused) -> ``retry``, at once: the operator may create it, and the
+  event's later attempts find it; with a fixed ``topic``, where no event
+  can be delivered, ``unavailable`` (no attempt spent; the relay probes
+  until the topic exists);
+* anything else the broker answers for one record (not enough replicas, a
+  timeout while other records of the batch got through) -> ``retry``;
 * every broker unreachable (librdkafka's ``_ALL_BROKERS_DOWN``, at the start
   or while the batch waits), or no record of the batch delivered before
   ``delivery_timeout`` -> ``unavailable``: records still queued or in flight
   are purged and given back without spending an attempt; the next batch,
   or :meth:`KafkaBroker.probe`, asks the cluster for its metadata first.
+  A batch with nothing delivered in time is followed by a metadata request:
+  when no broker answers it either, the reason names the outage ("all
+  brokers are down" and the last connection error) even where librdkafka's
+  own report has not come yet.
 
 A fatal producer error (the idempotent producer's state is lost) makes the
 batch's undelivered records ``retry`` and replaces the producer.
@@ -34,12 +57,55 @@ a template with ``{topic}``), ``envelope`` (``plain``, ``cloudevents``,
 ``shape`` (``outbox``; ``debezium``: the Debezium outbox event router's
 message: header ``id``, topic ``outbox.event.{topic}``), ``delivery_timeout``
 (30 s, librdkafka's ``message.timeout.ms``), ``connect_timeout`` (5 s: a
-probe's metadata request, a connection's set-up). Any librdkafka property
-(a name with a dot, or ``acks``, ``partitioner``, ``debug``, ``retries``)
-passes through: ``security.protocol``, ``sasl.mechanism``,
+probe's metadata request, a connection's set-up), ``create_topics``,
+``topic_partitions``, ``topic_replication`` (above). Any librdkafka
+property (a name with a dot, or ``acks``, ``partitioner``, ``debug``,
+``retries``) passes through: ``security.protocol``, ``sasl.mechanism``,
 ``sasl.username``, ``sasl.password``, ``ssl.ca.location``,
 ``message.max.bytes``, ``linger.ms``, ``compression.type``... Secret values
 (passwords, keys, tokens) are masked in every message.
+
+Refused when the broker is created (:class:`~outbox_core.errors.ConfigurationError`
+naming the property and why), because the relay cannot keep its promises
+with them:
+
+* ``transactional.id``: a transactional producer refuses every record
+  produced outside a transaction ("Local: Erroneous state"); the relay runs
+  none (the outbox table is its transaction), and the idempotent producer
+  already keeps each key's order and writes no retry twice;
+* ``enable.idempotence`` other than true, ``acks`` or
+  ``request.required.acks`` other than ``all`` (``-1``): an event is marked
+  sent once every in-sync replica has it, and librdkafka's retries neither
+  reorder a key nor write twice;
+* ``enable.gapless.guarantee=true``: one record the broker refuses (an
+  invalid record, a policy) would stop the producer with a fatal error and
+  fail its whole batch, again at every attempt, instead of being rejected
+  alone; the relay keeps a key's order itself;
+* ``delivery.report.only.error=true``: an event is marked sent on its
+  delivery report; with no report for delivered records, every batch would
+  wait out the delivery timeout and be published again;
+* ``partitioner=random``: a key's records would land on any partition and
+  lose their order (every other partitioner hashes the key);
+* ``message.timeout.ms`` / ``delivery.timeout.ms`` and
+  ``socket.connection.setup.timeout.ms``: the ``delivery_timeout`` and
+  ``connect_timeout`` options set them (the broker's own waits follow them);
+* ``default.topic.config`` (confluent-kafka's deprecated dictionary): its
+  properties go as options of their own, where these checks see them;
+* ``bootstrap.servers`` / ``metadata.broker.list`` (the URL gives the
+  servers), ``on_delivery``, ``dr_cb``, ``dr_msg_cb``, ``error_cb``,
+  ``logger``: the broker sets them;
+* ``allow.auto.create.topics=true`` with ``create_topics=true``: the relay
+  creates a missing topic itself, with its partitions and replication, not
+  the cluster with its defaults;
+* any other callback (``stats_cb``, ``oauth_cb``, ``throttle_cb``...) that is
+  not a Python callable: ``--broker-option`` can only give it a string; pass
+  a function to :meth:`KafkaBroker.from_url`.
+
+Not refused: a small ``queue.buffering.max.messages`` or
+``queue.buffering.max.kbytes`` (a full queue makes the broker wait for room:
+slower, not wrong). ``retries=0``, ``max.in.flight`` over 5,
+``queuing.strategy=lifo`` and a ``linger.ms`` over the delivery timeout are
+refused by librdkafka itself when the producer is created.
 """
 
 from __future__ import annotations
@@ -54,6 +120,8 @@ from typing import Any, Final
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from outbox_core.brokers.base import Broker
 from outbox_core.brokers.kafka.mapping import (
@@ -97,6 +165,12 @@ PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _TICK: Final = 0.2
 #: librdkafka's text of ``_ALL_BROKERS_DOWN``: "3/3 brokers are down".
 _DOWN_COUNT: Final = re.compile(r"^(\d+)/(\d+) brokers are down")
+#: What a topic's metadata says when the topic does not exist.
+UNKNOWN_TOPIC: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+#: Seconds a topic seen to exist is believed to (librdkafka's own metadata refresh interval).
+_EXISTS_FOR: Final = 300.0
+#: Seconds a missing topic is believed missing: a batch per second asks again at most.
+_MISSING_FOR: Final = 1.0
 
 
 def every_broker_down(text: str) -> bool:
@@ -169,9 +243,14 @@ class KafkaBroker(Broker):
         self._closed = False
         #: Why every broker is unreachable (librdkafka's last word), None while one answers.
         self._down: str | None = None
-        #: The last connection-level error, to say why in an outage.
+        #: The last connection-level error since the cluster last answered, to say why.
         self._last_error: str | None = None
         self._fatal: str | None = None
+        #: Kafka topic -> when (monotonic) the cluster said it exists.
+        self._exists: dict[str, float] = {}
+        #: Kafka topic -> (when it was found missing, why).
+        self._missing: dict[str, tuple[float, str]] = {}
+        self._admin: AdminClient | None = None
         self._producer = self._new_producer()
 
     @classmethod
@@ -209,11 +288,14 @@ class KafkaBroker(Broker):
             self._fatal = text
             log.error("%s: fatal producer error: %s", self.display, text)
         elif code == KafkaError._ALL_BROKERS_DOWN and every_broker_down(text):
-            if self._down is None:
-                log.warning("Kafka at %s unavailable: %s", self.display, self._why(text))
-            self._down = self._why(text)
-        else:
+            self._set_down(self._why(text))
+        elif code != KafkaError._ALL_BROKERS_DOWN:
             self._last_error = text
+
+    def _set_down(self, reason: str) -> None:
+        if self._down is None:
+            log.warning("Kafka at %s unavailable: %s", self.display, reason)
+        self._down = reason
 
     def _why(self, text: str) -> str:
         return f"{text} ({self._last_error})" if self._last_error else text
@@ -224,13 +306,121 @@ class KafkaBroker(Broker):
             self._producer.list_topics(timeout=self.options.connect_timeout)
         except KafkaException as exc:
             self._producer.poll(0)  # take in the error callbacks that say why
-            reason = self._down or self._last_error or exc.args[0].str()
+            reason = self._down or self._unanswered(exc.args[0])
             return f"Kafka unavailable at {self.display}: {mask_secrets(reason, self.config)}"
         if self._down is not None:
             log.info("Kafka at %s answers again", self.display)
         self._down = None
         self._last_error = None
         return None
+
+    def _unanswered(self, error: KafkaError) -> str:
+        """Why no broker answered a metadata request, librdkafka's outage report not in yet."""
+        if self._last_error is not None:  # connections are failing: the brokers are down
+            return f"all brokers are down ({self._last_error})"
+        text = mask_secrets(error.str(), self.config)
+        return f"no broker answered in {self.options.connect_timeout:g}s ({text})"
+
+    # -- topics ---------------------------------------------------------------
+
+    def _topic_problem(self, topic: str) -> str | None:
+        """Why ``topic`` cannot take records now (missing, not created), else None.
+
+        Raises :class:`KafkaException` when no broker answers the metadata request.
+        """
+        now = time.monotonic()
+        seen = self._exists.get(topic)
+        if seen is not None and now - seen < _EXISTS_FOR:
+            return None
+        missing = self._missing.get(topic)
+        if missing is not None and now - missing[0] < _MISSING_FOR:
+            return missing[1]
+        problem = None if self._topic_exists(topic) else self._missing_topic(topic)
+        if problem is None:
+            self._exists[topic] = time.monotonic()
+            self._missing.pop(topic, None)
+        else:
+            self._missing[topic] = (time.monotonic(), problem)
+        return problem
+
+    def _topic_exists(self, topic: str) -> bool:
+        """The cluster's answer for one topic; :class:`KafkaException` when none comes.
+
+        This metadata request lets a cluster that creates topics on first use
+        create it, as a produce would (unless ``allow.auto.create.topics=false``).
+        """
+        metadata = self._producer.list_topics(topic, timeout=self.options.connect_timeout)
+        info = metadata.topics.get(topic)
+        error = info.error if info is not None else None
+        # Any other error (leader not available yet, authorisation) is the produce's to report.
+        return info is not None and (error is None or error.code() not in UNKNOWN_TOPIC)
+
+    def _missing_topic(self, topic: str) -> str | None:
+        """Create ``topic`` when ``create_topics`` asks for it; else why it is missing."""
+        if not self.options.create_topics:
+            return (
+                f"Kafka topic {topic!r} does not exist at {self.display} (the cluster did not "
+                "create it): create it, or have the relay create it with create_topics=true"
+            )
+        problem = self._create_topic(topic)
+        if problem is not None:
+            return f"Kafka topic {topic!r} does not exist and could not be created: {problem}"
+        try:  # librdkafka learns of the new topic now, not at its next metadata refresh
+            self._topic_exists(topic)
+        except KafkaException:
+            log.debug("metadata of the new topic %s not fetched", topic, exc_info=True)
+        return None
+
+    def _create_topic(self, topic: str) -> str | None:
+        """Create ``topic`` through the admin API; None when done (or already there)."""
+        partitions = self.options.topic_partitions or -1  # -1: the cluster's default
+        replication = self.options.topic_replication or -1
+        # A creation still running when the controller's wait ends completes anyway:
+        # the next lookup finds the topic. The batch is not held for longer.
+        wait = self.options.connect_timeout
+        try:
+            futures = self._admin_client().create_topics(
+                [NewTopic(topic, num_partitions=partitions, replication_factor=replication)],
+                operation_timeout=wait,
+                request_timeout=2 * wait,
+            )
+            futures[topic].result(timeout=2 * wait + 1)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # another relay was first
+                return None
+            return mask_secrets(error.str(), self.config)
+        except Exception as exc:  # a future that never came back, a client refusing
+            return mask_secrets(f"{type(exc).__name__}: {exc}", self.config)
+        log.info(
+            "created Kafka topic %s at %s (partitions: %s, replication: %s)",
+            topic,
+            self.display,
+            self.options.topic_partitions or "the cluster's default",
+            self.options.topic_replication or "the cluster's default",
+        )
+        return None
+
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            # The producer's connection and security settings; an idempotent admin
+            # client would ask the cluster for a producer id it never uses.
+            config = {k: v for k, v in self.config.items() if k != "enable.idempotence"}
+            config["logger"] = _ClientLog(self.config)
+            self._admin = AdminClient(config)
+        return self._admin
+
+    def _missing_topics(self, topics: set[str]) -> dict[str, Outcome]:
+        """The outcome of every event for each topic of ``topics`` that cannot take records."""
+        failed: dict[str, Outcome] = {}
+        for topic in sorted(topics):
+            problem = self._topic_problem(topic)
+            if problem is None:
+                continue
+            # A fixed topic missing is every event's destination gone: an outage.
+            fixed = topic == self.options.fixed_topic
+            failed[topic] = Outcome.unavailable(problem) if fixed else Outcome.retry(problem)
+        return failed
 
     # -- publishing -----------------------------------------------------------
 
@@ -264,12 +454,22 @@ class KafkaBroker(Broker):
         producer = self._producer
         batch = _Batch(len(events))
         outcomes: list[Outcome | None] = [None] * len(events)
-        deadline = time.monotonic() + self.options.delivery_timeout + 5
+        records: list[tuple[int, KafkaRecord]] = []
         for index, event in enumerate(events):
             try:
-                record = self.build_record(event)
+                records.append((index, self.build_record(event)))
             except (ValueError, TypeError) as exc:
                 outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
+        try:
+            # A record for a missing topic would wait in librdkafka, and its batch with it.
+            missing = self._missing_topics({record.topic for _, record in records})
+        except KafkaException as exc:  # no broker answers: produce nothing
+            gone = Outcome.unavailable(self._unreachable(exc.args[0]))
+            return [o if o is not None else gone for o in outcomes]
+        deadline = time.monotonic() + self.options.delivery_timeout + 5
+        for index, record in records:
+            if record.topic in missing:
+                outcomes[index] = missing[record.topic]
                 continue
             while True:
                 try:
@@ -302,7 +502,14 @@ class KafkaBroker(Broker):
             # Every broker gone (or no report in time): take back what librdkafka
             # still holds, so it cannot be written after the relay gave it back.
             self._purge()
+        if batch.delivered:
+            self._last_error = None  # the cluster answers: older connection errors are past
+        elif self._down is None and self._fatal is None and batch.errors:
+            self._name_outage(batch)
+        topics = dict(records)
         for index, error in batch.errors.items():
+            if error is not None and error.code() in UNKNOWN_TOPIC:
+                self._exists.pop(topics[index].topic, None)  # deleted: ask again next time
             outcomes[index] = Outcome.ok() if error is None else self._outcome(error, batch)
         if self._fatal is not None:  # the producer's fault, not the cluster's: spend an attempt
             unsent = Outcome.retry(f"fatal producer error: {self._fatal}")
@@ -310,6 +517,28 @@ class KafkaBroker(Broker):
             down = self._down or f"no delivery report from Kafka at {self.display} in time"
             unsent = Outcome.unavailable(down)
         return [o if o is not None else unsent for o in outcomes]
+
+    def _unreachable(self, error: KafkaError) -> str:
+        """No broker answered a metadata request: the outage from now on, and its reason."""
+        self._producer.poll(0)  # librdkafka's own report, if it came meanwhile
+        if self._down is None:
+            self._set_down(self._unanswered(error))
+        return f"Kafka unavailable at {self.display}: {self._down}"
+
+    def _name_outage(self, batch: _Batch) -> None:
+        """Nothing of the batch delivered in time: ask the cluster whether it is down.
+
+        librdkafka reports every broker down only once its count of failed
+        connections covers every broker it knows, which may come after the
+        records' timeout; a metadata request nobody answers says it sooner.
+        """
+        lost = (KafkaError._MSG_TIMED_OUT, *PURGED)
+        if not any(e is not None and e.code() in lost for e in batch.errors.values()):
+            return
+        try:
+            self._producer.list_topics(timeout=self.options.connect_timeout)
+        except KafkaException as exc:
+            self._unreachable(exc.args[0])
 
     def _outcome(self, error: KafkaError, batch: _Batch) -> Outcome:
         code = error.code()
@@ -343,11 +572,24 @@ class KafkaBroker(Broker):
             log.debug("closing the old producer failed", exc_info=True)
 
     def probe(self) -> str | None:
-        """Ask the cluster for its metadata without producing; None when a broker answers."""
+        """Ask the cluster for its metadata without producing; None when a broker answers.
+
+        A fixed ``topic`` must exist too (``create_topics`` creates it here):
+        while it is missing no event can be delivered.
+        """
         with self._lock:
             if self._closed:
                 return "Kafka broker is closed"
-            return self._check_cluster()
+            problem = self._check_cluster()
+            fixed = self.options.fixed_topic
+            if problem is None and fixed is not None:
+                try:
+                    problem = self._topic_problem(fixed)
+                except KafkaException as exc:
+                    problem = (
+                        f"Kafka unavailable at {self.display}: {self._unanswered(exc.args[0])}"
+                    )
+            return problem
 
     def unavailable_outcome(self, exc: BaseException) -> Outcome | None:
         """``unavailable`` for librdkafka's "every broker is down" and transport errors."""
@@ -363,6 +605,7 @@ class KafkaBroker(Broker):
             if self._closed:
                 return
             self._closed = True
+            self._admin = None
             self._purge()
             try:
                 self._producer.close()

@@ -4,8 +4,9 @@ Options the broker knows are :class:`KafkaOptions` fields. Every other option
 whose name contains a dot (``security.protocol``, ``sasl.password``,
 ``ssl.ca.location``, ``message.max.bytes``, ``linger.ms``...) or is one of
 :data:`DOTLESS_PROPERTIES` goes to librdkafka as it is, which checks it when
-the producer is created. The properties the broker's guarantees rest on
-(idempotence, ``acks=all``) cannot be turned off.
+the producer is created. The properties the relay cannot work with are
+refused here, each named with the reason (the list and the reasons:
+:mod:`outbox_core.brokers.kafka`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -36,7 +38,49 @@ DEBEZIUM_TOPIC: Final = "outbox.event.{topic}"
 DOTLESS_PROPERTIES: Final = frozenset({"acks", "partitioner", "debug", "retries"})
 
 #: Properties the broker sets itself: the URL's servers and its callbacks.
-RESERVED: Final = frozenset({"bootstrap.servers", "error_cb", "logger", "on_delivery"})
+RESERVED: Final = frozenset(
+    {
+        "bootstrap.servers",
+        "metadata.broker.list",
+        "error_cb",
+        "logger",
+        "on_delivery",
+        "dr_cb",
+        "dr_msg_cb",
+    }
+)
+
+_TIMEOUT = "the delivery_timeout option sets it (the broker waits for delivery reports that long)"
+#: librdkafka properties refused whatever their value: name -> why.
+REFUSED: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "transactional.id": (
+            "the relay runs no Kafka transaction, and a transactional producer refuses every "
+            "record produced outside one (Local: Erroneous state); the idempotent producer "
+            "already keeps each key's order and writes no retry twice"
+        ),
+        "message.timeout.ms": _TIMEOUT,
+        "delivery.timeout.ms": _TIMEOUT,
+        "socket.connection.setup.timeout.ms": "the connect_timeout option sets it",
+        # Its properties would bypass these checks (acks, partitioner...).
+        "default.topic.config": "give its properties as options of their own (they are checked)",
+    }
+)
+
+#: Boolean librdkafka properties refused when true: name -> why.
+REFUSED_WHEN_TRUE: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "enable.gapless.guarantee": (
+            "one record the broker refuses would stop the producer (a fatal error) and fail "
+            "its whole batch, at every attempt, instead of being rejected alone; the relay "
+            "keeps a key's order itself"
+        ),
+        "delivery.report.only.error": (
+            "an event is marked sent on its delivery report: without reports for delivered "
+            "records every batch would time out and be published again"
+        ),
+    }
+)
 
 #: Where a property's value is a secret: never printed, masked in errors.
 _SECRET: Final = re.compile(r"password|secret|jaas|token|\.pem$|key\.pem", re.IGNORECASE)
@@ -110,9 +154,35 @@ class KafkaOptions:
     #: (``message.timeout.ms``); a batch with nothing delivered by then is unavailable.
     delivery_timeout: float = setting(30.0, positive=True)
     #: Seconds (or ``5s``) for a broker connection's set-up
-    #: (``socket.connection.setup.timeout.ms``) and for the metadata request that checks
-    #: the cluster (a probe, or the first batch after an outage).
+    #: (``socket.connection.setup.timeout.ms``) and for the metadata requests that check
+    #: the cluster and whether a topic exists (a probe, a topic's first event, the first
+    #: batch after an outage).
     connect_timeout: float = setting(5.0, positive=True)
+    #: Create a missing topic with Kafka's admin API (``topic_partitions``,
+    #: ``topic_replication``) before its first event; a fixed ``topic`` at start-up. Off:
+    #: the relay creates none (a cluster with ``auto.create.topics.enable`` still does on
+    #: first use) and an event for a missing topic is retried, saying the topic is missing
+    #: (unavailable with a fixed ``topic``: nothing is claimed until it exists).
+    create_topics: bool = False
+    #: Partitions of a topic the relay creates (``create_topics``); unset: the
+    #: cluster's ``num.partitions``.
+    topic_partitions: int | None = setting(None, minimum=1)
+    #: Replication factor of a topic the relay creates (``create_topics``); unset: the
+    #: cluster's ``default.replication.factor``.
+    topic_replication: int | None = setting(None, minimum=1)
+
+    def __post_init__(self) -> None:
+        for name in ("topic_partitions", "topic_replication"):
+            if getattr(self, name) is not None and not self.create_topics:
+                raise ConfigurationError(
+                    f"{name} applies only to topics the relay creates: set create_topics=true"
+                )
+
+    @property
+    def fixed_topic(self) -> str | None:
+        """The one Kafka topic of every event (a ``topic`` without ``{topic}``), else None."""
+        template = self.topic_template()
+        return None if "{" in template else template
 
     def topic_template(self) -> str:
         """The template the Kafka topic is made from (``{topic}``: the event's)."""
@@ -164,24 +234,62 @@ def bootstrap_servers(url: str) -> str:
     return ",".join(servers)
 
 
-def producer_config(servers: str, opts: KafkaOptions, client: Mapping[str, Any]) -> dict[str, Any]:
-    """librdkafka's configuration: the broker's fixed properties, then the user's."""
+def _flag(value: Any) -> bool | None:
+    """A librdkafka boolean as librdkafka reads it; None: not one (librdkafka refuses it)."""
+    text = str(value).strip().lower()
+    if text in ("true", "t", "1"):
+        return True
+    if text in ("false", "f", "0"):
+        return False
+    return None
+
+
+def check_client_properties(opts: KafkaOptions, client: Mapping[str, Any]) -> None:
+    """Refuse the librdkafka properties the relay cannot work with, naming each and why."""
     reserved = sorted(set(client) & RESERVED)
     if reserved:
         raise ConfigurationError(
             f"Kafka broker option(s) {', '.join(reserved)} are set by the broker itself "
             "(the servers come from the kafka:// URL)"
         )
-    idempotence = str(client.get("enable.idempotence", "true")).strip().lower()
-    if idempotence not in ("true", "1"):
+    for name, why in REFUSED.items():
+        if name in client:
+            raise ConfigurationError(f"Kafka broker option {name} is refused: {why}")
+    for name, why in REFUSED_WHEN_TRUE.items():
+        if name in client and _flag(client[name]):
+            raise ConfigurationError(f"Kafka broker option {name}=true is refused: {why}")
+    if "enable.idempotence" in client and _flag(client["enable.idempotence"]) is False:
         raise ConfigurationError(
             "enable.idempotence cannot be turned off: it keeps each key's order when "
             "librdkafka retries and stops retries from writing duplicates"
         )
-    if str(client.get("acks", "all")).strip().lower() not in ("all", "-1"):
+    for name in ("acks", "request.required.acks"):
+        if name in client and str(client[name]).strip().lower() not in ("all", "-1"):
+            raise ConfigurationError(
+                f"{name} must be 'all': an event is marked sent only once every in-sync "
+                "replica has it"
+            )
+    if str(client.get("partitioner", "")).strip().lower() == "random":
         raise ConfigurationError(
-            "acks must be 'all': an event is marked sent only once every in-sync replica has it"
+            "partitioner=random is refused: a key's records would land on any partition and "
+            "lose their order; every other partitioner hashes the key"
         )
+    if opts.create_topics and _flag(client.get("allow.auto.create.topics", False)):
+        raise ConfigurationError(
+            "allow.auto.create.topics=true contradicts create_topics=true: the relay creates "
+            "a missing topic itself, with topic_partitions and topic_replication"
+        )
+    for name, value in client.items():
+        if name.endswith("_cb") and not callable(value):
+            raise ConfigurationError(
+                f"Kafka broker option {name} is a callback: pass a Python function through "
+                f"KafkaBroker.from_url, not {type(value).__name__} {str(value)[:40]!r}"
+            )
+
+
+def producer_config(servers: str, opts: KafkaOptions, client: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka's configuration: the broker's fixed properties, then the user's."""
+    check_client_properties(opts, client)
     config: dict[str, Any] = {
         "bootstrap.servers": servers,
         "client.id": "outbox-toolkit-relay",
@@ -198,6 +306,10 @@ def producer_config(servers: str, opts: KafkaOptions, client: Mapping[str, Any])
         # A broker closing an idle connection is routine, not worth a log line.
         "log.connection.close": False,
     }
+    if opts.create_topics:
+        # The relay creates a missing topic itself: its metadata requests must not
+        # make the cluster create it first, with the cluster's defaults.
+        config["allow.auto.create.topics"] = False
     config.update(client)
     return config
 

@@ -7,17 +7,22 @@
 * Outcomes: too large and invalid topic and topic authorisation refused ->
   reject; a retriable broker error retried by librdkafka in order; every
   broker down (at the start or in the middle of a batch) -> unavailable with
-  nothing written, then delivery once the cluster is back.
-* Options and passwords: bad options refused by name, secrets masked.
+  nothing written, then delivery once the cluster is back; a batch timing out
+  whole while every connection fails is named an outage.
+* Options and passwords: bad options and the librdkafka properties the relay
+  cannot work with refused by name with the reason, secrets masked.
 
 The relay as an ``outbox relay`` process, the CLI and interop with another
-client library are in ``test_kafka_relay.py``.
+client library are in ``test_kafka_relay.py``; missing topics and their
+creation in ``test_kafka_topics.py``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -32,8 +37,8 @@ from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, OutcomeKind
 from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
 from outbox_core.testing.broker_contract import Harness, kinds
-from tests.contract.broker_fixtures import TRACEPARENT, make_event, unused_port
-from tests.kafka_mock import Cluster, Record, kafka_cluster, read_all
+from tests.contract.broker_fixtures import TRACEPARENT, make_event
+from tests.kafka_mock import Cluster, RealCluster, Record, kafka_cluster, read_all
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
 DOWN = OutcomeKind.UNAVAILABLE
@@ -56,12 +61,21 @@ def kafka(cluster: Cluster) -> Iterator[KafkaBroker]:
     broker.close()
 
 
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A local port held bound and never listening: every connection to it is refused, and
+    no other test's mock cluster (another pytest-xdist worker) can take it meanwhile."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
 def by_id(records: list[Record]) -> dict[str, Record]:
     return {r.event_id: r for r in records}
 
 
 @pytest.fixture
-def harness(cluster: Cluster) -> Iterator[Harness]:
+def harness(cluster: Cluster, refused_port: int) -> Iterator[Harness]:
     """The contract's questions answered for Kafka (overrides ``test_brokers.harness``)."""
 
     def arrived() -> dict[str, tuple[str, dict[str, Any], Any]]:
@@ -80,7 +94,7 @@ def harness(cluster: Cluster) -> Iterator[Harness]:
         return make_event(event.topic, key=event.key, payload=TOO_LARGE)
 
     def down() -> Broker:
-        return KafkaBroker.from_url(f"kafka://127.0.0.1:{unused_port()}", connect_timeout=1)
+        return KafkaBroker.from_url(f"kafka://127.0.0.1:{refused_port}", connect_timeout=1)
 
     broker = KafkaBroker.from_url(cluster.url, connect_timeout=2)
     h = Harness("kafka", broker, arrived, fail, down=down, can_retry=False)
@@ -257,8 +271,48 @@ def test_cluster_down_in_the_middle_of_a_batch_then_back(
     assert ids == [before.event_id] + [e.event_id for e in events]
 
 
-def test_unreachable_at_start_is_unavailable_with_the_reason() -> None:
-    broker = KafkaBroker.from_url(f"kafka://127.0.0.1:{unused_port()}", connect_timeout=1)
+def test_a_batch_timing_out_whole_while_connections_fail_names_the_outage(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """librdkafka may report every broker down only after the records' timeout (its count
+    of failed connections must cover every broker it knows): held back here, so the
+    timeout comes first. The reason still says the brokers are down."""
+    if isinstance(cluster, RealCluster):
+        cluster.down()  # skips: the outage needs the mock cluster
+    on_error = KafkaBroker._on_error
+
+    def late_report(self: KafkaBroker, error: KafkaError) -> None:
+        if error.code() != KafkaError._ALL_BROKERS_DOWN:
+            on_error(self, error)
+
+    monkeypatch.setattr(KafkaBroker, "_on_error", late_report)
+    broker = KafkaBroker.from_url(cluster.url, connect_timeout=1, delivery_timeout="2s")
+    try:
+        before = make_event("late.t", key="k")
+        assert kinds(broker.publish([before])) == [OK]
+        cluster.down()
+        events = [make_event("late.t", key="k") for _ in range(5)]
+        outcomes = broker.publish(events)
+        assert kinds(outcomes) == [DOWN] * 5
+        assert "brokers are down" in (outcomes[0].error or ""), outcomes[0].error
+        assert "Connection refused" in (outcomes[0].error or "")
+        again = broker.publish(events)  # the outage is known: no second wait for the timeout
+        assert kinds(again) == [DOWN] * 5
+        assert "brokers are down" in (again[0].error or "")
+        cluster.up()
+        deadline = time.monotonic() + 15
+        while broker.probe() is not None:
+            assert time.monotonic() < deadline, "the cluster's return was not seen"
+            time.sleep(0.1)
+        assert kinds(broker.publish(events)) == [OK] * 5
+    finally:
+        broker.close()
+    records = sorted(read_all(cluster.bootstrap, ["late.t"]), key=lambda r: r.offset)
+    assert [r.event_id for r in records] == [before.event_id] + [e.event_id for e in events]
+
+
+def test_unreachable_at_start_is_unavailable_with_the_reason(refused_port: int) -> None:
+    broker = KafkaBroker.from_url(f"kafka://127.0.0.1:{refused_port}", connect_timeout=1)
     try:
         outcomes = broker.publish([make_event(), make_event()])
         assert kinds(outcomes) == [DOWN, DOWN]
@@ -325,6 +379,81 @@ def test_bad_options_raise_configuration_error(
         create_broker(url, **options)
     assert says in str(caught.value)
     assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "why"),
+    [
+        ("transactional.id", "outbox-relay-1", "Erroneous state"),
+        ("enable.idempotence", "false", "key's order"),
+        ("enable.idempotence", "0", "key's order"),
+        ("acks", "1", "every in-sync replica"),
+        ("request.required.acks", "0", "every in-sync replica"),
+        ("enable.gapless.guarantee", "true", "fail its whole batch"),
+        ("delivery.report.only.error", "t", "published again"),
+        ("partitioner", "random", "lose their order"),
+        ("message.timeout.ms", "60000", "delivery_timeout"),
+        ("delivery.timeout.ms", "60000", "delivery_timeout"),
+        ("socket.connection.setup.timeout.ms", "3000", "connect_timeout"),
+        ("metadata.broker.list", "other:9092", "kafka:// URL"),
+        ("default.topic.config", "acks=1", "options of their own"),
+        ("dr_msg_cb", "print", "set by the broker itself"),
+        ("stats_cb", "print", "pass a Python function"),
+    ],
+)
+def test_properties_the_relay_cannot_work_with_are_refused_at_creation(
+    option: str, value: str, why: str
+) -> None:
+    """``--broker-option`` gives strings: each refused by name, with the reason."""
+    with pytest.raises(ConfigurationError) as caught:
+        create_broker("kafka://localhost:9092", **{option: value})
+    assert option in str(caught.value)
+    assert why in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"topic_partitions": "3"}, "create_topics=true"),
+        ({"topic_replication": "2"}, "create_topics=true"),
+        ({"create_topics": "true", "allow.auto.create.topics": "true"}, "create_topics=true"),
+        (
+            {"create_topics": "true", "topic_partitions": "0"},
+            "topic_partitions: must be at least 1",
+        ),
+    ],
+)
+def test_topic_creation_options_that_contradict_are_refused(
+    options: dict[str, str], says: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        create_broker("kafka://localhost:9092", **options)
+    assert says in str(caught.value)
+
+
+def test_properties_that_keep_the_contract_are_accepted(cluster: Cluster) -> None:
+    stats: list[str] = []
+    broker = create_broker(
+        cluster.url,
+        create_topics="true",
+        topic_partitions="2",
+        **{
+            "enable.idempotence": "true",
+            "acks": "-1",
+            "partitioner": "murmur2",
+            "enable.gapless.guarantee": "false",
+            "queue.buffering.max.messages": "10",  # a full queue waits for room: slower only
+            "stats_cb": stats.append,  # a callable, through the Python API
+        },
+    )
+    assert isinstance(broker, KafkaBroker)
+    try:
+        assert broker.config["allow.auto.create.topics"] is False  # the relay creates them
+        cluster.create_topic("small.queue", partitions=2)
+        events = [make_event("small.queue", key=f"k{i % 3}") for i in range(40)]
+        assert kinds(broker.publish(events)) == [OK] * 40
+    finally:
+        broker.close()
 
 
 def test_sasl_password_never_shown(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:

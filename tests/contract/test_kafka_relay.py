@@ -8,7 +8,6 @@ the Kafka 1.0 protocol, which has record headers).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -18,17 +17,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka import Consumer
 
-from outbox_core import Inbox, Outbox, State
-from outbox_core.brokers.kafka import KafkaBroker
-from tests.contract.broker_fixtures import make_event
+from outbox_core import Outbox, State
 from tests.contract.relay_kills import busy_relay, reclaimed
 from tests.contract.test_end_to_end import produce
 from tests.kafka_mock import Cluster, RealCluster, kafka_cluster, read_all
@@ -314,6 +308,70 @@ def test_relay_once_with_the_documented_options(
         assert {e["source"] for e in envelopes} == {"/shop"}
 
 
+def test_relay_refuses_a_transactional_id_at_start_and_spends_no_attempt(
+    backend: str, outbox: Outbox, db_url: str, cluster: Cluster
+) -> None:
+    """A transactional producer would refuse every record ("Erroneous state"), spending an
+    attempt each: the relay refuses the option before it claims anything."""
+    if backend != "postgresql":
+        pytest.skip("the broker's options are checked before any database work")
+    with outbox.engine.begin() as conn:
+        for i in range(3):
+            outbox.enqueue(conn, "tx.order", {"i": i}, key="k")
+    result = subprocess.run(
+        outbox_cmd(
+            "relay", "--once", "--db", db_url, "--table", outbox.table.name,
+            "--broker", cluster.url, "--broker-option", "transactional.id=outbox-relay-1",
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "transactional.id" in result.stderr
+    assert "Erroneous state" in result.stderr  # the reason, as the user would have met it
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        rows = conn.execute(sa.select(t.c.state, t.c.attempts)).all()
+    assert rows == [(int(State.PENDING), 0)] * 3
+
+
+def test_relay_delivers_a_batch_at_normal_speed_beside_events_for_a_missing_topic(
+    backend: str, outbox: Outbox, db_url: str, cluster: Cluster
+) -> None:
+    """Auto-creation off: 360 events for a topic batched with 40 for a missing one. The 40
+    are retried at once with the reason; the 360 do not wait for them."""
+    if backend != "postgresql":
+        pytest.skip("the Kafka path is the same on every database")
+    cluster.create_topic("present.orders", partitions=4)
+    with outbox.engine.begin() as conn:
+        for i in range(400):
+            topic = "missing.orders" if i % 10 == 0 else "present.orders"
+            outbox.enqueue(conn, topic, {"i": i}, key=f"k{i % 20}")
+    started = time.monotonic()
+    result = subprocess.run(
+        outbox_cmd(
+            "relay", "--once", "--db", db_url, "--table", outbox.table.name,
+            "--broker", cluster.url, "--batch-size", "400",
+            "--broker-option", "allow.auto.create.topics=false",
+        ),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (counts["sent"], counts["retried"]) == (360, 40), counts
+    # The process's start and the database included; the delivery timeout is 30 s.
+    assert took < 15, f"--once took {took:.1f}s"
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        failed = conn.execute(
+            sa.select(t.c.state, t.c.attempts, t.c.last_error).where(t.c.topic == "missing.orders")
+        ).all()
+    assert len(failed) == 40
+    assert {(state, attempts) for state, attempts, _ in failed} == {(int(State.PENDING), 1)}
+    assert all("'missing.orders' does not exist" in (error or "") for *_, error in failed)
+    assert len(read_back(cluster, "present.orders")) == 360
+
+
 def test_relays_sigkilled_under_a_producer_lose_nothing_and_keep_key_order(
     backend: str, outbox: Outbox, db_url: str, cluster: Cluster
 ) -> None:
@@ -370,75 +428,3 @@ def test_relays_sigkilled_under_a_producer_lose_nothing_and_keep_key_order(
     )
     assert kills >= KILL_SECONDS // 2
     assert again > 0, "no kill landed between a claim and its mark"
-
-
-# -- the documented consumer ------------------------------------------------------------
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "kafka_consumer_example.py"
-
-
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kafka_consumer_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_kafka_consumer_example_applies_each_event_once(
-    outbox: Outbox, cluster: Cluster
-) -> None:
-    example = load_example()
-    meta = sa.MetaData()
-    invoices = sa.Table(
-        f"{outbox.table.name}_invoices",
-        meta,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("order_id", sa.Integer, nullable=False),
-    )
-    meta.create_all(outbox.engine)
-    inbox = Inbox(outbox)
-    inbox.install()
-    failed: list[int] = []
-
-    def invoice(conn: sa.Connection, payload: Any) -> None:
-        conn.execute(invoices.insert().values(order_id=payload["order_id"]))
-        if payload["order_id"] == 3 and not failed:
-            failed.append(3)
-            raise RuntimeError("the first try fails")  # rolled back, read again
-
-    topic = "billing.orders"
-    events = [make_event(topic, key=f"o-{i}", payload={"order_id": i}) for i in range(5)]
-    broker = KafkaBroker.from_url(cluster.url)
-    try:
-        assert all(o.is_ok for o in broker.publish(events))
-        assert all(o.is_ok for o in broker.publish(events[:2]))  # a relay's re-publish
-    finally:
-        broker.close()
-
-    def consumer() -> Consumer:
-        kafka = Consumer(
-            {
-                "bootstrap.servers": cluster.bootstrap,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        kafka.subscribe([topic])
-        return kafka
-
-    group = f"billing-{uuid.uuid4().hex[:6]}"
-    try:
-        first = consumer()
-        counts = example.consume(first, outbox.engine, inbox, invoice, idle_seconds=4)
-        first.close()
-        assert counts == {"processed": 5, "duplicate": 2, "retry": 1}
-        again = consumer()  # the same group: the committed offsets hold
-        assert example.consume(again, outbox.engine, inbox, invoice, idle_seconds=4) == {}
-        again.close()
-        with outbox.engine.connect() as conn:
-            orders = sorted(conn.execute(sa.select(invoices.c.order_id)).scalars())
-        assert orders == [0, 1, 2, 3, 4]
-    finally:
-        meta.drop_all(outbox.engine)
