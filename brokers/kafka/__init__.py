@@ -120,8 +120,6 @@ from typing import Any, Final
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from outbox_core.brokers.base import Broker
 from outbox_core.brokers.kafka.mapping import (
@@ -136,6 +134,7 @@ from outbox_core.brokers.kafka.options import (
     mask_secrets,
     masked_config,
 )
+from outbox_core.brokers.kafka.topics import UNKNOWN_TOPIC, Topics
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome
 from outbox_core.redaction import mask_url
@@ -165,12 +164,6 @@ PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _TICK: Final = 0.2
 #: librdkafka's text of ``_ALL_BROKERS_DOWN``: "3/3 brokers are down".
 _DOWN_COUNT: Final = re.compile(r"^(\d+)/(\d+) brokers are down")
-#: What a topic's metadata says when the topic does not exist.
-UNKNOWN_TOPIC: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
-#: Seconds a topic seen to exist is believed to (librdkafka's own metadata refresh interval).
-_EXISTS_FOR: Final = 300.0
-#: Seconds a missing topic is believed missing: a batch per second asks again at most.
-_MISSING_FOR: Final = 1.0
 
 
 def every_broker_down(text: str) -> bool:
@@ -246,12 +239,14 @@ class KafkaBroker(Broker):
         #: The last connection-level error since the cluster last answered, to say why.
         self._last_error: str | None = None
         self._fatal: str | None = None
-        #: Kafka topic -> when (monotonic) the cluster said it exists.
-        self._exists: dict[str, float] = {}
-        #: Kafka topic -> (when it was found missing, why).
-        self._missing: dict[str, tuple[float, str]] = {}
-        self._admin: AdminClient | None = None
         self._producer = self._new_producer()
+        self.topics = Topics(
+            lambda: self._producer,
+            config,
+            self.options,
+            display=display,
+            client_logger=lambda: _ClientLog(self.config),
+        )
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> KafkaBroker:
@@ -321,107 +316,6 @@ class KafkaBroker(Broker):
         text = mask_secrets(error.str(), self.config)
         return f"no broker answered in {self.options.connect_timeout:g}s ({text})"
 
-    # -- topics ---------------------------------------------------------------
-
-    def _topic_problem(self, topic: str) -> str | None:
-        """Why ``topic`` cannot take records now (missing, not created), else None.
-
-        Raises :class:`KafkaException` when no broker answers the metadata request.
-        """
-        now = time.monotonic()
-        seen = self._exists.get(topic)
-        if seen is not None and now - seen < _EXISTS_FOR:
-            return None
-        missing = self._missing.get(topic)
-        if missing is not None and now - missing[0] < _MISSING_FOR:
-            return missing[1]
-        problem = None if self._topic_exists(topic) else self._missing_topic(topic)
-        if problem is None:
-            self._exists[topic] = time.monotonic()
-            self._missing.pop(topic, None)
-        else:
-            self._missing[topic] = (time.monotonic(), problem)
-        return problem
-
-    def _topic_exists(self, topic: str) -> bool:
-        """The cluster's answer for one topic; :class:`KafkaException` when none comes.
-
-        This metadata request lets a cluster that creates topics on first use
-        create it, as a produce would (unless ``allow.auto.create.topics=false``).
-        """
-        metadata = self._producer.list_topics(topic, timeout=self.options.connect_timeout)
-        info = metadata.topics.get(topic)
-        error = info.error if info is not None else None
-        # Any other error (leader not available yet, authorisation) is the produce's to report.
-        return info is not None and (error is None or error.code() not in UNKNOWN_TOPIC)
-
-    def _missing_topic(self, topic: str) -> str | None:
-        """Create ``topic`` when ``create_topics`` asks for it; else why it is missing."""
-        if not self.options.create_topics:
-            return (
-                f"Kafka topic {topic!r} does not exist at {self.display} (the cluster did not "
-                "create it): create it, or have the relay create it with create_topics=true"
-            )
-        problem = self._create_topic(topic)
-        if problem is not None:
-            return f"Kafka topic {topic!r} does not exist and could not be created: {problem}"
-        try:  # librdkafka learns of the new topic now, not at its next metadata refresh
-            self._topic_exists(topic)
-        except KafkaException:
-            log.debug("metadata of the new topic %s not fetched", topic, exc_info=True)
-        return None
-
-    def _create_topic(self, topic: str) -> str | None:
-        """Create ``topic`` through the admin API; None when done (or already there)."""
-        partitions = self.options.topic_partitions or -1  # -1: the cluster's default
-        replication = self.options.topic_replication or -1
-        # A creation still running when the controller's wait ends completes anyway:
-        # the next lookup finds the topic. The batch is not held for longer.
-        wait = self.options.connect_timeout
-        try:
-            futures = self._admin_client().create_topics(
-                [NewTopic(topic, num_partitions=partitions, replication_factor=replication)],
-                operation_timeout=wait,
-                request_timeout=2 * wait,
-            )
-            futures[topic].result(timeout=2 * wait + 1)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # another relay was first
-                return None
-            return mask_secrets(error.str(), self.config)
-        except Exception as exc:  # a future that never came back, a client refusing
-            return mask_secrets(f"{type(exc).__name__}: {exc}", self.config)
-        log.info(
-            "created Kafka topic %s at %s (partitions: %s, replication: %s)",
-            topic,
-            self.display,
-            self.options.topic_partitions or "the cluster's default",
-            self.options.topic_replication or "the cluster's default",
-        )
-        return None
-
-    def _admin_client(self) -> AdminClient:
-        if self._admin is None:
-            # The producer's connection and security settings; an idempotent admin
-            # client would ask the cluster for a producer id it never uses.
-            config = {k: v for k, v in self.config.items() if k != "enable.idempotence"}
-            config["logger"] = _ClientLog(self.config)
-            self._admin = AdminClient(config)
-        return self._admin
-
-    def _missing_topics(self, topics: set[str]) -> dict[str, Outcome]:
-        """The outcome of every event for each topic of ``topics`` that cannot take records."""
-        failed: dict[str, Outcome] = {}
-        for topic in sorted(topics):
-            problem = self._topic_problem(topic)
-            if problem is None:
-                continue
-            # A fixed topic missing is every event's destination gone: an outage.
-            fixed = topic == self.options.fixed_topic
-            failed[topic] = Outcome.unavailable(problem) if fixed else Outcome.retry(problem)
-        return failed
-
     # -- publishing -----------------------------------------------------------
 
     def build_record(self, event: Event) -> KafkaRecord:
@@ -462,7 +356,7 @@ class KafkaBroker(Broker):
                 outcomes[index] = Outcome.reject(f"cannot encode the message: {exc}")
         try:
             # A record for a missing topic would wait in librdkafka, and its batch with it.
-            missing = self._missing_topics({record.topic for _, record in records})
+            missing = self.topics.failed({record.topic for _, record in records})
         except KafkaException as exc:  # no broker answers: produce nothing
             gone = Outcome.unavailable(self._unreachable(exc.args[0]))
             return [o if o is not None else gone for o in outcomes]
@@ -509,7 +403,7 @@ class KafkaBroker(Broker):
         topics = dict(records)
         for index, error in batch.errors.items():
             if error is not None and error.code() in UNKNOWN_TOPIC:
-                self._exists.pop(topics[index].topic, None)  # deleted: ask again next time
+                self.topics.gone(topics[index].topic)
             outcomes[index] = Outcome.ok() if error is None else self._outcome(error, batch)
         if self._fatal is not None:  # the producer's fault, not the cluster's: spend an attempt
             unsent = Outcome.retry(f"fatal producer error: {self._fatal}")
@@ -584,7 +478,7 @@ class KafkaBroker(Broker):
             fixed = self.options.fixed_topic
             if problem is None and fixed is not None:
                 try:
-                    problem = self._topic_problem(fixed)
+                    problem = self.topics.problem(fixed)
                 except KafkaException as exc:
                     problem = (
                         f"Kafka unavailable at {self.display}: {self._unanswered(exc.args[0])}"
@@ -605,7 +499,7 @@ class KafkaBroker(Broker):
             if self._closed:
                 return
             self._closed = True
-            self._admin = None
+            self.topics.close()
             self._purge()
             try:
                 self._producer.close()

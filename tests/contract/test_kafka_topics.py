@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from outbox_core.brokers.kafka import KafkaBroker
+from outbox_core.brokers.kafka.topics import Topics
 from outbox_core.message import Event, Outcome, OutcomeKind
 from outbox_core.testing.broker_contract import kinds
 from tests.contract.broker_fixtures import make_event
@@ -62,7 +63,7 @@ def admin(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> MockAdmin | None
     call is served by ``MockCluster.admin``; None on a real Kafka (its own AdminClient)."""
     stand_in = cluster.admin()
     if stand_in is not None:
-        monkeypatch.setattr(KafkaBroker, "_admin_client", lambda self: stand_in)
+        monkeypatch.setattr(Topics, "_admin_client", lambda self: stand_in)
     return stand_in
 
 
