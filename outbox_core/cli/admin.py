@@ -163,19 +163,28 @@ def status(
     type=Duration(),
     help="Also remove inbox records processed longer ago, e.g. 2d.",
 )
+@click.option(
+    "--inbox-only",
+    is_flag=True,
+    help="A consumer's database: only the inbox records (--inbox-older-than), no outbox table.",
+)
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 4000))
 @handle_errors
 def cleanup(
     config_file: str | None,
     older_than: float,
     inbox_older_than: float | None,
+    inbox_only: bool,
     batch: int,
     **values: Any,
 ) -> None:
     """Delete sent events (and old inbox records) in batches; never unsent or dead rows."""
+    if inbox_only and inbox_older_than is None:
+        raise click.UsageError("--inbox-only needs --inbox-older-than")
     outbox = open_outbox(settings_from(config_file, **values))
-    removed = outbox.cleanup(older_than=older_than, batch=batch)
-    click.echo(f"removed {removed} sent events older than {format_duration(older_than)}")
+    if not inbox_only:
+        removed = outbox.cleanup(older_than=older_than, batch=batch)
+        click.echo(f"removed {removed} sent events older than {format_duration(older_than)}")
     if inbox_older_than is not None:
         from outbox_core.inbox import cleanup_inbox
 

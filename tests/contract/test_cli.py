@@ -170,6 +170,27 @@ def test_cleanup_removes_old_inbox_records(outbox: Outbox, db_url: str) -> None:
     assert "removed 1 inbox records" in result.stdout
 
 
+def test_cleanup_inbox_only_works_on_a_consumers_database(db_url: str, table_name: str) -> None:
+    """``outbox cleanup --inbox-only`` on a database with the inbox table alone (consumers.md)."""
+    from outbox_core import Inbox
+
+    inbox = Inbox(db_url, table=table_name)
+    inbox.install()  # the inbox table alone: no outbox table
+    try:
+        with inbox.outbox.engine.begin() as conn:
+            assert inbox.record(conn, "billing", "6f1c2a3e-9b7d-4c1a-8e2f-0a1b2c3d4e5f")
+        args = ("cleanup", "--db", db_url, "--table", table_name, "--inbox-only")
+        refused = run(*args)
+        assert refused.returncode == 2 and "--inbox-older-than" in refused.stderr
+        result = run(*args, "--inbox-older-than", "0")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["removed 1 inbox records older than 0s"]
+    finally:
+        with inbox.outbox.engine.begin() as conn:
+            inbox.table.drop(conn)
+        inbox.dispose()
+
+
 @pytest.mark.needs_server
 def test_status_broker_says_whether_the_broker_answers(outbox: Outbox, db_url: str) -> None:
     from tests.contract.broker_fixtures import require_rabbitmq, unused_port

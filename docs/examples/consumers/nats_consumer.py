@@ -21,14 +21,17 @@ message without a usable ``Nats-Msg-Id`` or JSON body is terminated
 The database work runs in a worker thread (``asyncio.to_thread``), so the
 event loop keeps the connection alive meanwhile.
 
-Run it (the inbox table is created if missing; ``outbox install`` creates it too)::
+The consumer's database holds its own inbox table (``outbox_inbox``, created
+by ``inbox.install()`` when missing) beside the invoices: no outbox table.
+The stream is the operator's (``nats stream add ORDERS --subjects 'order.>'``);
+the durable consumer is created on first use. Run it::
 
     pip install 'outbox-toolkit[postgresql,nats]'
-    python docs/consumer_example_nats.py --db postgresql+psycopg://app@db/billing \\
-        --nats nats://nats:4222 --stream ORDERS --subject 'orders.>' --durable billing
+    python docs/examples/consumers/nats_consumer.py --db postgresql+psycopg://app@db/billing \\
+        --nats nats://nats:4222 --stream ORDERS --subject 'order.>' --durable billing
 
-The tests run :func:`consume` against a real NATS
-(``tests/contract/test_consumer_examples_nats_redis.py``).
+The tests run it against a real NATS, fed by the toolkit's relay
+(``tests/contract/test_consumer_examples.py``).
 """
 
 from __future__ import annotations
@@ -153,21 +156,18 @@ async def consume(
 
 def main() -> None:
     """Consume ``--subject`` of ``--stream`` until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--db", required=True, help="the consumer's database URL")
-    parser.add_argument(
-        "--table", default="outbox", help="outbox table name (inbox: <table>_inbox)"
-    )
     parser.add_argument("--nats", default="nats://localhost:4222")
     parser.add_argument("--stream", default="ORDERS")
-    parser.add_argument("--subject", default="orders.>")
+    parser.add_argument("--subject", default="order.>")
     parser.add_argument("--durable", default="billing")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
 
     engine = sa.create_engine(args.db)
-    inbox = Inbox(engine, table=args.table)
-    inbox.install()
+    inbox = Inbox(engine)  # the consumer's own inbox table: outbox_inbox
+    inbox.install()  # creates it if missing (and nothing else)
     metadata.create_all(engine)
     stop = asyncio.Event()
     try:

@@ -17,15 +17,17 @@ not recorded, and the message is requeued to be processed again. A message
 without a usable ``message_id`` cannot be deduplicated and is rejected (to a
 dead-letter exchange, if the queue has one).
 
-Run it (the inbox table is created if missing; ``outbox install`` creates it too)::
+The consumer's database holds its own inbox table (``outbox_inbox``, created
+by ``inbox.install()`` when missing) beside the invoices: no outbox table.
+Run it::
 
     pip install 'outbox-toolkit[postgresql,rabbitmq]'
-    python docs/consumer_example.py --db postgresql+psycopg://app@db/billing \\
-        --amqp amqp://guest:guest@rabbitmq:5672/%2F --exchange events \\
+    python docs/examples/consumers/rabbitmq_consumer.py --db postgresql+psycopg://app@db/billing \\
+        --amqp amqp://guest:guest@rabbitmq:5672/%2F --exchange outbox \\
         --queue billing --binding 'order.#'
 
-The tests run :func:`handle_message` against a real RabbitMQ
-(``tests/contract/test_inbox.py``).
+The tests run it against a real RabbitMQ, fed by the toolkit's relay
+(``tests/contract/test_consumer_examples.py``).
 """
 
 from __future__ import annotations
@@ -120,25 +122,23 @@ def make_callback(
 
 def main() -> None:
     """Consume ``--queue`` until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--db", required=True, help="the consumer's database URL")
-    parser.add_argument(
-        "--table", default="outbox", help="outbox table name (inbox: <table>_inbox)"
-    )
     parser.add_argument("--amqp", default="amqp://guest:guest@localhost:5672/%2F")
-    parser.add_argument("--exchange", default="events")
+    parser.add_argument("--exchange", default="outbox", help="the relay's exchange")
     parser.add_argument("--queue", default="billing")
     parser.add_argument("--binding", default="order.#")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
 
     engine = sa.create_engine(args.db)
-    inbox = Inbox(engine, table=args.table)
-    inbox.install()
+    inbox = Inbox(engine)  # the consumer's own inbox table: outbox_inbox
+    inbox.install()  # creates it if missing (and nothing else)
     metadata.create_all(engine)
 
     connection = pika.BlockingConnection(pika.URLParameters(args.amqp))
     channel = connection.channel()
+    # The relay declares its exchange durable, of type topic: the same here.
     channel.exchange_declare(args.exchange, "topic", durable=True)
     channel.queue_declare(args.queue, durable=True)
     channel.queue_bind(args.queue, args.exchange, args.binding)

@@ -19,14 +19,16 @@ the entry stays pending, to be taken over and processed again. An entry
 without a usable ``event_id`` or JSON ``payload`` cannot be processed: it is
 logged and acknowledged (Redis Streams have no dead-letter queue).
 
-Run it (the inbox table is created if missing; ``outbox install`` creates it too)::
+The consumer's database holds its own inbox table (``outbox_inbox``, created
+by ``inbox.install()`` when missing) beside the invoices: no outbox table.
+Run it::
 
     pip install 'outbox-toolkit[postgresql,redis]'
-    python docs/consumer_example_redis.py --db postgresql+psycopg://app@db/billing \\
+    python docs/examples/consumers/redis_consumer.py --db postgresql+psycopg://app@db/billing \\
         --redis redis://cache:6379/0 --stream order.created --group billing
 
-The tests run :func:`consume` against a real Redis
-(``tests/contract/test_consumer_examples_nats_redis.py``).
+The tests run it against a real Redis, fed by the toolkit's relay
+(``tests/contract/test_consumer_examples.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import sqlalchemy as sa
@@ -64,6 +66,8 @@ invoices = sa.Table(
 Effect = Callable[[sa.Connection, Any], None]
 #: ``ack(entry_id)`` acknowledges one entry (``XACK``).
 Ack = Callable[[bytes], Any]
+#: What ``XREADGROUP`` returns: per stream, its entries (id, fields); None when none came.
+Read = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None
 
 
 def create_invoice(conn: sa.Connection, payload: Any) -> None:
@@ -142,7 +146,7 @@ def consume(
         entries: list[tuple[bytes, dict[bytes, bytes]]] = list(claimed[1])
         if not entries:
             read = client.xreadgroup(group, name, {stream: ">"}, count=50, block=block_ms)
-            entries = [entry for _, batch in read or [] for entry in batch]
+            entries = [entry for _, batch in cast(Read, read) or [] for entry in batch]
         for entry_id, fields in entries:
             if fields is None:  # deleted (trimmed by maxlen) while pending
                 do_ack(entry_id)
@@ -156,11 +160,8 @@ def consume(
 
 def main() -> None:
     """Consume ``--stream`` until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--db", required=True, help="the consumer's database URL")
-    parser.add_argument(
-        "--table", default="outbox", help="outbox table name (inbox: <table>_inbox)"
-    )
     parser.add_argument("--redis", default="redis://localhost:6379/0")
     parser.add_argument("--stream", default="order.created")
     parser.add_argument("--group", default="billing")
@@ -170,8 +171,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
 
     engine = sa.create_engine(args.db)
-    inbox = Inbox(engine, table=args.table)
-    inbox.install()
+    inbox = Inbox(engine)  # the consumer's own inbox table: outbox_inbox
+    inbox.install()  # creates it if missing (and nothing else)
     metadata.create_all(engine)
     client = redis.Redis.from_url(args.redis)
     stop = threading.Event()

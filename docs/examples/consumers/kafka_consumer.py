@@ -17,14 +17,16 @@ consumer seeks back to the record to process it again. A record without an
 ``event_id`` header, or whose value is not JSON, cannot be processed and is
 skipped with an error line (send it to a dead-letter topic in production).
 
-Run it (the inbox table is created if missing; ``outbox install`` creates it too)::
+The consumer's database holds its own inbox table (``outbox_inbox``, created
+by ``inbox.install()`` when missing) beside the invoices: no outbox table.
+Run it::
 
     pip install 'outbox-toolkit[postgresql,kafka]'
-    python docs/kafka_consumer_example.py --db postgresql+psycopg://app@db/billing \\
+    python docs/examples/consumers/kafka_consumer.py --db postgresql+psycopg://app@db/billing \\
         --bootstrap kafka-1:9092 --topic order.created --group billing
 
-The tests run :func:`consume` against librdkafka's mock cluster
-(``tests/contract/test_kafka_relay.py``).
+The tests run it against librdkafka's mock cluster, fed by the toolkit's relay
+(``tests/contract/test_consumer_examples.py``).
 """
 
 from __future__ import annotations
@@ -66,11 +68,18 @@ def create_invoice(conn: sa.Connection, payload: Any) -> None:
 
 
 def event_id_of(message: Message) -> str | None:
-    """The event id the relay put in the record's headers, or None."""
-    for name, value in message.headers() or []:
-        if name in ("event_id", "id") and value is not None:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return None
+    """The event id the relay put in the record's headers (``id`` with shape=debezium), or None."""
+    headers = dict(message.headers() or {})
+    value = headers.get("event_id", headers.get("id"))
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def position(message: Message) -> TopicPartition:
+    """Where ``message`` is: its topic, partition and offset (to seek back to it)."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError("the message is not a record")
+    return TopicPartition(topic, partition, offset)
 
 
 def handle_record(
@@ -129,7 +138,7 @@ def consume(
         counts[result] = counts.get(result, 0) + 1
         if result == "retry":
             # Read it again: the offset is not committed, and the position goes back.
-            kafka.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+            kafka.seek(position(message))
             continue
         # Commit the offset only after the database commit: a crash in between
         # means reading the record again, which the inbox turns into a duplicate.
@@ -139,11 +148,8 @@ def consume(
 
 def main() -> None:
     """Consume ``--topic`` until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--db", required=True, help="the consumer's database URL")
-    parser.add_argument(
-        "--table", default="outbox", help="outbox table name (inbox: <table>_inbox)"
-    )
     parser.add_argument("--bootstrap", default="localhost:9092")
     parser.add_argument("--topic", default="order.created")
     parser.add_argument("--group", default="billing")
@@ -151,8 +157,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
 
     engine = sa.create_engine(args.db)
-    inbox = Inbox(engine, table=args.table)
-    inbox.install()
+    inbox = Inbox(engine)  # the consumer's own inbox table: outbox_inbox
+    inbox.install()  # creates it if missing (and nothing else)
     metadata.create_all(engine)
     kafka = Consumer(
         {
