@@ -28,6 +28,7 @@ from outbox_core.cli.wal import (
     source_options,
     uninstall_wal,
     wal_status,
+    with_log_tailing,
 )
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import format_duration
@@ -128,9 +129,8 @@ def status(
         while True:
             result = outbox.status()
             if settings.source == "wal":
-                tailing = dataclasses.asdict(wal_status(outbox, settings))
-                # Rows stay pending once published: their age says nothing here.
-                result = dataclasses.replace(result, log_tailing=tailing, oldest_pending_age=None)
+                # Rows stay pending once published: the stream says what is out.
+                result = with_log_tailing(result, wal_status(outbox, settings))
             broker = None
             if settings.broker_url:
                 broker = probe_broker(settings.broker_url, options)

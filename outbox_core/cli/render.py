@@ -51,15 +51,19 @@ def render_log_tailing(t: dict[str, Any]) -> list[str]:
         f"{format_bytes(t['retained_bytes'])} retained on the server",
     ]
     oldest = format_age(t["oldest_unpublished_age"])
+    if t["unread_bytes"] is not None:
+        lines.append(f"unread: {format_bytes(t['unread_bytes'])} of WAL past the relay's last read")
     if t["report_age"] is None:
         lines.append("oldest unpublished: unknown (no relay has reported yet)")
     elif t["estimated"]:
+        ago = format_age(t["report_age"])
+        lines.append(f"in flight: unknown (relay {t['relay']} held {t['held']} {ago} ago)")
         lines.append(
-            f"oldest unpublished: {oldest} (estimated: relay {t['relay']} last reported "
-            f"{format_age(t['report_age'])} ago)"
+            f"oldest unpublished: {oldest} (estimated: relay {t['relay']} last reported {ago} ago)"
         )
     else:
-        lines.append(f"oldest unpublished: {oldest} ({t['held']} held by relay {t['relay']})")
+        lines.append(f"in flight: {t['held']} events held by relay {t['relay']}")
+        lines.append(f"oldest unpublished: {oldest}")
     if t["deferred"]:
         lines.append(f"deferred: {t['deferred']} events wait in the table (long delays, backoffs)")
     return lines
@@ -67,19 +71,26 @@ def render_log_tailing(t: dict[str, Any]) -> list[str]:
 
 def render_status(status: Status) -> str:
     """The status as a readable table."""
-    lines = ["state     events"]
-    lines += [f"{state:<9} {n:>6}" for state, n in status.counts.items()]
     if status.log_tailing is not None:
-        # Log tailing leaves rows pending: the slot says what is unpublished.
-        lines.append("(log tailing: rows stay pending in the table once published)")
-        lines += render_log_tailing(status.log_tailing)
+        # Log tailing leaves rows pending: the stream says what is out.
+        lines = render_log_tailing(status.log_tailing)
+        created, published = status.created_last_minute, status.log_tailing["published_last_minute"]
+        out = "-" if published is None else f"{published} published ({published / 60:.1f}/s)"
+        lines.append(f"last minute: {created} enqueued ({created / 60:.1f}/s), {out}")
+        lines.append(
+            f"table: {sum(status.counts.values())} rows, {status.counts.get('dead', 0)} dead "
+            "(rows stay pending once published, until cleanup)"
+        )
     else:
+        lines = ["state     events"]
+        lines += [f"{state:<9} {n:>6}" for state, n in status.counts.items()]
         lines.append(f"oldest pending: {format_age(status.oldest_pending_age)}")
-    lines.append(
-        f"last minute: {status.created_last_minute} in, {status.sent_last_minute} out"
-        f" ({status.created_last_minute / 60:.1f}/s in, {status.sent_last_minute / 60:.1f}/s out)"
-    )
-    lines.append(f"last sent: {format_age(status.last_sent_age)} ago")
+        lines.append(
+            f"last minute: {status.created_last_minute} in, {status.sent_last_minute} out"
+            f" ({status.created_last_minute / 60:.1f}/s in,"
+            f" {status.sent_last_minute / 60:.1f}/s out)"
+        )
+        lines.append(f"last sent: {format_age(status.last_sent_age)} ago")
     if status.broker is not None:
         lines.append(broker_line(status.broker))
     if status.relays:

@@ -6,6 +6,7 @@ The slot and publication are named by ``--slot`` / ``--publication`` (settings
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -30,7 +31,7 @@ from outbox_core.dialects.postgresql.wal import (
     slot_facts,
 )
 from outbox_core.dialects.postgresql.wal.table import SlotStatus, WalTable
-from outbox_core.outbox import Outbox
+from outbox_core.outbox import Outbox, Status
 from outbox_core.redaction import mask_url
 from outbox_core.relay.wal import PUBLISH, WalRelay, wal_names
 
@@ -91,9 +92,12 @@ def install_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool, boo
         )
         conn.commit()
         # Where the relay reports its progress, and the index of events handed back.
-        WalTable(outbox.dialect).install(conn)
+        wal_table = WalTable(outbox.dialect)
+        wal_table.install(conn)
         made_slot = slot_facts(conn, slot) is None
         if made_slot:
+            # A progress row of an earlier slot of this name would skip the new one's log.
+            wal_table.forget_progress(conn, slot)
             conn.commit()  # a slot is created in a transaction that wrote nothing
             create_slot(conn, slot)
         conn.commit()
@@ -119,6 +123,22 @@ def wal_status(outbox: Outbox, settings: Settings) -> SlotStatus:
         return WalTable(outbox.dialect).slot_status(conn, slot)
 
 
+def with_log_tailing(status: Status, tailing: SlotStatus) -> Status:
+    """``outbox status --source wal``: the stream's figures instead of the table's.
+
+    Rows stay pending once published, so neither their age nor their
+    ``sent_at`` says anything: what is out is what the reading relay published
+    (none known while no relay reads).
+    """
+    return dataclasses.replace(
+        status,
+        log_tailing=dataclasses.asdict(tailing),
+        oldest_pending_age=None,
+        sent_last_minute=tailing.published_last_minute or 0,
+        last_sent_age=None,
+    )
+
+
 def wal_relay(outbox: Outbox, broker: Broker, settings: Settings, name: str | None) -> WalRelay:
     """A :class:`WalRelay` of the outbox, after checking the server, slot and publication."""
     slot, publication = wal_names(settings)
@@ -138,15 +158,16 @@ def wal_relay(outbox: Outbox, broker: Broker, settings: Settings, name: str | No
         )
     if missing:
         logging.getLogger("outbox.relay").warning(
-            "%s missing (the table was installed before them): status cannot tell the "
-            "oldest unpublished event's age, and events waiting in the table are found "
-            "slowly; run `outbox install --source wal` again",
+            "%s missing (the table was installed before them): status and doctor see less "
+            "of the stream, a relay restarted after a server crash may resend more, and "
+            "events waiting in the table are found slowly; run `outbox install --source wal` "
+            "again",
             " and ".join(missing),
         )
     url = outbox.url
     name = name or f"wal-{socket.gethostname().split('.')[0][:20]}-{os.getpid()}"
 
-    def open_stream() -> WalStream:
+    def open_stream(**options: Any) -> WalStream:
         # The relay's name as application_name: pg_stat_replication shows who reads.
         return WalStream(
             url,
@@ -154,6 +175,7 @@ def wal_relay(outbox: Outbox, broker: Broker, settings: Settings, name: str | No
             publication=publication,
             tables=[(schema, outbox.table.name)],
             application_name=name[:63],
+            **options,
         )
 
     return WalRelay(outbox.engine, outbox.dialect, broker, settings, open_stream, name=name)

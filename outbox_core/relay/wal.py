@@ -10,8 +10,12 @@ One thread does it all (docs/architecture.md, Log tailing)::
 Nothing is written per event: a row is touched only when its event becomes
 dead (one upsert by ``event_id``). ``outbox replay`` sets dead rows pending;
 the publication sends that update and the relay takes the rows back in.
-Once a second at most the relay reports its progress in ``<table>_wal``
-(its confirmed position and the oldest event it holds) for ``outbox status``.
+Soon after each confirm (at most every 0.1 s) and at least once a second the
+relay reports its progress in ``<table>_wal``: its confirmed position, the
+oldest event it holds, for ``outbox status``. A slot's confirmed position
+survives a server crash only as of the server's last save of it; the
+progress row survives it, so a (re)connecting relay starts at whichever is
+later (:meth:`WalRelay.choose_start`).
 
 An event that must wait longer than ``defer_after`` (a long delay or
 backoff) is handed to the table instead (``lease_owner`` ``wal:deferred``,
@@ -40,6 +44,7 @@ from outbox_core.config import Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches
 from outbox_core.dialects.postgresql.wal import (
     SlotInUse,
+    StreamStart,
     WalConnectionError,
     WalStream,
     WalTransaction,
@@ -71,8 +76,15 @@ READ_WAIT = 0.5
 IDLE_CONFIRM = 1.0
 #: The publication of ``outbox install --source wal``: inserts, and updates for replays.
 PUBLISH = ("insert", "update")
-#: The relay's progress row in ``<table>_wal`` is written at most this often.
+#: The relay's progress row in ``<table>_wal`` is written at least this often (what it
+#: holds and how old, for status) ...
 REPORT_EVERY = 1.0
+#: ... and once a confirm moved, at most this often: a crash then resends at most about
+#: this much besides what was in flight (a write per confirm would slow a drain).
+PROGRESS_EVERY = 0.1
+#: Published counts are sampled this often for the last minute's figure.
+RATE_SAMPLE = 1.0
+RATE_WINDOW = 60.0
 #: Deferred rows are looked for at most this often (and at once after a full batch) ...
 DEFERRED_EVERY = 0.5
 #: ... and at least this often while some wait.
@@ -105,14 +117,23 @@ class _Item:
     attempts: int = 0
 
 
+@dataclass(frozen=True)
+class _Resume:
+    """Where a stream started, and why there."""
+
+    lsn: int
+    why: str
+
+
 class WalRelay(Closing):
     """Publishes the outbox table's inserts read from a logical replication slot.
 
     Same brokers, outcomes, :class:`Delivery` and :class:`Breaker` as the
     polling :class:`~outbox_core.relay.Relay`; always ordered per key, in
-    commit order. ``open_stream`` makes a :class:`WalStream` (a new one after
-    each lost connection, resuming at the slot's confirmed position).
-    ``run()`` blocks until :meth:`stop` or SIGTERM/SIGINT.
+    commit order. ``open_stream(choose_start=...)`` makes a :class:`WalStream`
+    (a new one after each lost connection), passing ``choose_start`` on: the
+    stream starts where :meth:`choose_start` says. ``run()`` blocks until
+    :meth:`stop` or SIGTERM/SIGINT.
     """
 
     def __init__(
@@ -121,7 +142,7 @@ class WalRelay(Closing):
         dialect: Dialect,
         broker: Broker,
         settings: Settings,
-        open_stream: Callable[[], WalStream],
+        open_stream: Callable[..., WalStream],
         *,
         name: str = "wal",
         retry_policy: RetryPolicy | None = None,
@@ -165,7 +186,9 @@ class WalRelay(Closing):
         self.deferred = 0
         self._idle_confirmed_at = 0.0
         self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
-        self._report = Due(REPORT_EVERY)
+        #: Monotonic time of the last progress report, and whether a confirm came since.
+        self._reported_at = 0.0
+        self._unreported = False
         self._reporting = True
         self._report_failing = False
         #: The table's statements for log tailing (refuses a database but PostgreSQL).
@@ -182,6 +205,15 @@ class WalRelay(Closing):
         #: Counters for tests and logs: published (broker-confirmed), dead, duplicates unknown.
         self.published = 0
         self.dead = 0
+        #: (monotonic time, published) samples over the last minute, oldest first.
+        self._published_at: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+        #: Where this relay's last stream was confirmed to, and on which WAL history
+        #: (system id, timeline): a reconnect to the same history may start there.
+        self._settled: tuple[str, int, int] | None = None
+        #: Where the current stream started and why (logged once it is open).
+        self._resume: _Resume | None = None
+        #: Monotonic time the connection was lost (None: not lost since the last connect).
+        self._lost_at: float | None = None
 
     # -- state ------------------------------------------------------------------------
 
@@ -533,20 +565,68 @@ class WalRelay(Closing):
 
     # -- confirming ---------------------------------------------------------------------
 
-    def _confirm(self, stream: WalStream) -> None:
-        """Confirm past every transaction whose events, and every earlier one's, are done."""
+    def _confirm(self, stream: WalStream) -> bool:
+        """Confirm past every transaction whose events, and every earlier one's, are done;
+        True when the confirmed position moved."""
         lsn = None
         while self._txns and self._txns[0].open == 0:
             lsn = self._txns.popleft().end_lsn
         if lsn is not None:
+            moved = lsn > stream.confirmed_lsn
             stream.confirm(lsn)
             log.debug("confirmed %s", format_lsn(lsn))
-        elif not self._txns and time.monotonic() - self._idle_confirmed_at > IDLE_CONFIRM:
+            return moved
+        if not self._txns and time.monotonic() - self._idle_confirmed_at > IDLE_CONFIRM:
             # Nothing in flight: let the slot drop WAL of changes nobody watches.
             self._idle_confirmed_at = time.monotonic()
             idle = stream.idle_lsn
             if idle is not None:
                 stream.confirm(idle)
+                return True
+        return False
+
+    def choose_start(self, start: StreamStart) -> int:
+        """Where a new stream starts: the latest position known settled on this server.
+
+        The slot's confirmed position is saved by the server only now and
+        then (a checkpoint), so after a crash it may be older than what
+        was confirmed; the progress row in ``<table>_wal`` (committed after
+        the confirm it reports) and this relay's own last confirm are not.
+        The row counts only if it lies within the server's WAL (a row restored
+        from another cluster's backup would skip what is written later); this
+        relay's own position only on the same WAL history (not on a promoted
+        standby, whose WAL after the promotion differs). Every candidate
+        means: each transaction committed before it is published, dead or
+        handed to the table.
+        """
+        slot = start.slot
+        candidates = [_Resume(start.slot_lsn, "the slot's confirmed position")]
+        with self.engine.connect() as conn:
+            row = self.table.settled_lsn(conn, slot)
+        if row is not None and row > start.flush_lsn:
+            log.warning(
+                "the progress row of slot %r (%s) lies beyond the server's WAL (%s): "
+                "ignored (restored from another server?)",
+                slot,
+                format_lsn(row),
+                format_lsn(start.flush_lsn),
+            )
+        elif row is not None:
+            candidates.append(_Resume(row, "the progress row"))
+        settled = self._settled
+        if (
+            settled is not None
+            and settled[:2] == (start.system_id, start.timeline)
+            and settled[2] <= start.flush_lsn
+        ):
+            candidates.append(_Resume(settled[2], "this relay's last confirm"))
+        best = max(candidates, key=lambda c: c.lsn)
+        if best.lsn > start.slot_lsn:
+            ahead = _bytes(best.lsn - start.slot_lsn)
+            why = f"{best.why}, {ahead} past the slot's {format_lsn(start.slot_lsn)}"
+            best = _Resume(best.lsn, why)
+        self._resume = best
+        return best.lsn
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -569,7 +649,7 @@ class WalRelay(Closing):
                 if self.stream is not None:
                     # The last word for status: what it held is sent again by the next relay.
                     self._note_oldest()
-                    self.report(self.stream)
+                    self.report(self.stream, durable=True)
         finally:
             self.close()
             log.info(
@@ -592,8 +672,12 @@ class WalRelay(Closing):
                 self._database_is(True)
             except (WalConnectionError, DatabaseError, sa.exc.OperationalError) as exc:
                 # The database restarted or the connection broke: what was not confirmed
-                # comes again from the slot's confirmed position (at least once).
-                log.warning("connection lost (%s): reconnecting to the slot", _short(exc))
+                # comes again from the settled position (at least once).
+                if self._lost_at is None:
+                    self._lost_at = time.monotonic()
+                    log.warning("connection lost (%s): reconnecting to the slot", _short(exc))
+                else:
+                    log.debug("reconnecting failed (%s): retrying", _short(exc))
                 self._database_is(False, _short(exc))
                 self._forget()
                 self._stop.wait(lost.next())
@@ -604,7 +688,7 @@ class WalRelay(Closing):
         waiting = False
         while not self.stopping:
             try:
-                stream = self.open_stream()
+                stream = self.open_stream(choose_start=self.choose_start)
             except SlotInUse:
                 if not waiting:
                     log.info("slot in use by another relay: standing by to take over")
@@ -612,8 +696,6 @@ class WalRelay(Closing):
                 self._last_cycle_at = time.time()  # a standby is healthy (/healthz)
                 self._stop.wait(standby.next())
                 continue
-            if waiting:
-                log.info("slot taken over: relaying")
             try:
                 if self.settings.block_on_dead:
                     # At every (re)connect: while this relay stood by, another
@@ -627,11 +709,30 @@ class WalRelay(Closing):
                         self._handed_at = last
                     self._maybe_deferred = True
                     self._deferred_at = 0.0
+                self._started(stream, took_over=waiting)
             except BaseException:
                 stream.close()
                 raise
             return stream
         return None
+
+    def _started(self, stream: WalStream, *, took_over: bool) -> None:
+        """Move the slot to where the stream started; one line on where that is."""
+        if stream.start_lsn > stream.confirmed_lsn:
+            # The slot may be behind (a crash lost its confirmations): catch it up.
+            stream.confirm(stream.start_lsn)
+        resume = self._resume or _Resume(stream.start_lsn, "the slot's confirmed position")
+        where = f"{format_lsn(stream.start_lsn)} ({resume.why})"
+        slot = stream.slot
+        if self._lost_at is not None:
+            away = time.monotonic() - self._lost_at
+            log.info("reconnected to slot %r after %.1fs: resuming from %s", slot, away, where)
+        elif took_over:
+            log.info("took over slot %r from another relay: resuming from %s", slot, where)
+        else:
+            log.info("reading slot %r from %s", slot, where)
+        self._lost_at = None
+        self._resume = None
 
     def _load_dead_keys(self) -> None:
         """Keys with dead rows in the table hold their later events (as the polling relay)."""
@@ -684,17 +785,22 @@ class WalRelay(Closing):
         return taken
 
     def _finish_step(self, stream: WalStream) -> None:
-        self._confirm(stream)
+        self._unreported |= self._confirm(stream)
         self._note_oldest()
         now = time.monotonic()
-        if self._report.ready(now):
+        since = now - self._reported_at
+        # Soon after a confirm: the next reader of the slot starts there, even after a crash.
+        if since >= REPORT_EVERY or (self._unreported and since >= PROGRESS_EVERY):
             self.report(stream)
         if self._cleanup.ready(now):
             self.cleanup()
         self._last_cycle_at = time.time()
 
-    def report(self, stream: WalStream) -> None:
-        """Write this relay's progress in ``<table>_wal`` (for ``outbox status``)."""
+    def report(self, stream: WalStream, *, durable: bool = False) -> None:
+        """Write this relay's progress in ``<table>_wal``: where the next reader of the slot
+        may start, and what ``outbox status`` shows (``durable``: wait for the disk)."""
+        self._reported_at = time.monotonic()
+        self._unreported = False
         if not self._reporting:
             return
         try:
@@ -706,6 +812,9 @@ class WalRelay(Closing):
                     confirmed_lsn=stream.confirmed_lsn,
                     held=self._held,
                     oldest_held_at=self.oldest_unpublished,
+                    read_lsn=stream.read_lsn,
+                    published_last_minute=self.published_last_minute(),
+                    durable=durable,
                 )
             self._report_failing = False
         except sa.exc.ProgrammingError as exc:
@@ -721,8 +830,19 @@ class WalRelay(Closing):
         except sa.exc.SQLAlchemyError as exc:
             # A report is not worth the stream: the next one may get through.
             if not self._report_failing:
-                log.warning("cannot report progress (%s): retrying each second", _short(exc))
+                log.warning("cannot report progress (%s): retrying", _short(exc))
             self._report_failing = True
+
+    def published_last_minute(self) -> int:
+        """Events published in about the last minute (since the start, if sooner)."""
+        now = time.monotonic()
+        samples = self._published_at
+        if now - samples[-1][0] >= RATE_SAMPLE:
+            samples.append((now, self.published))
+        # The first sample kept is the last one at least a minute old.
+        while len(samples) > 1 and now - samples[1][0] >= RATE_WINDOW:
+            samples.popleft()
+        return self.published - samples[0][1]
 
     def cleanup(self) -> int:
         """Delete rows older than ``cleanup_after`` whatever their state but dead (at most
@@ -739,8 +859,12 @@ class WalRelay(Closing):
 
     def _forget(self) -> None:
         """Drop the stream and everything read from it (it comes again from the slot)."""
-        if self.stream is not None:
-            self.stream.close()
+        stream = self.stream
+        if stream is not None:
+            started = stream.started
+            if started is not None and stream.confirmed_lsn:
+                self._settled = (started.system_id, started.timeline, stream.confirmed_lsn)
+            stream.close()
             self.stream = None
         self._txns.clear()
         self._lanes.clear()
@@ -750,6 +874,15 @@ class WalRelay(Closing):
         """Close the stream (nothing unconfirmed is confirmed) and the broker."""
         self._forget()
         self.close_broker()
+
+
+def _bytes(n: int) -> str:
+    """A WAL distance for a log line."""
+    if n < 1024:
+        return f"{n} B"
+    if n < 1 << 20:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def _short(exc: BaseException) -> str:

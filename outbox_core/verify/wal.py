@@ -543,7 +543,7 @@ def wal_relay(ctx: Context) -> str:
             ctx.dialect,
             MemoryBroker(queue, decide=decide),
             settings,
-            lambda: feed.stream(),
+            feed.stream,
             name="verify",
         )
         thread = threading.Thread(

@@ -549,8 +549,10 @@ def test_a_lost_connection_resumes_at_the_confirmed_position_without_loss(feed: 
     wanted = set(ids)
     wait_for(lambda: wanted <= {e.event_id for e in queue.snapshot()}, 20, "every event")
     delivered = [e.event_id for e in queue.snapshot()]
-    # Published, not confirmed when the connection went: sent again (at least once).
-    assert delivered.count(ids[1]) == 2 and delivered.count(ids[0]) >= 1
+    # The broker took it as the connection went: the relay resumes from its own
+    # confirmed position (same server, same timeline), so it is not lost, and at
+    # most sent twice.
+    assert 1 <= delivered.count(ids[1]) <= 2 and delivered.count(ids[0]) >= 1
     first_a = [i for i in dict.fromkeys(delivered) if i in (ids[0], ids[1], ids[3])]
     assert first_a == [ids[0], ids[1], ids[3]]
     wait_for(lambda: relay.held == 0 and relay.stream is not None, 10, "caught up")

@@ -9,7 +9,10 @@ slot. Covered:
   their values (loaded by type oid); commit order is not id or xid order;
   a rolled-back transaction never appears;
 * ``confirm`` then reconnect resumes after the confirmed transaction;
-  without it the transaction comes again (at least once);
+  without it the transaction comes again (at least once); a reader started
+  ahead of the slot (``start_lsn``, or ``choose_start`` told the server's
+  WAL history, its flushed end and the slot's position) gets no transaction
+  that committed before its start, and confirming the start moves the slot;
 * one reader per slot: a second one gets ``SlotInUse`` and takes over
   within seconds once the first is closed, or SIGKILLed in a subprocess;
 * ``pg_ctl restart -m fast`` and ``-m immediate`` keep the slot and its
@@ -51,6 +54,7 @@ from outbox_core.dialects.postgresql.wal import (
     SlotInUse,
     SlotInvalidated,
     SlotMissing,
+    StreamStart,
     WalConnectionError,
     WalLevelNotLogical,
     WalStream,
@@ -65,6 +69,7 @@ from outbox_core.dialects.postgresql.wal import (
     slot_facts,
     wal_level,
 )
+from outbox_core.errors import ConfigurationError
 from tests.faults.private_servers import PrivatePostgres
 from tests.support import retry
 
@@ -300,6 +305,44 @@ def test_without_confirm_a_reconnect_delivers_again(feed: Feed) -> None:
     stream.close()
     (again,) = read(feed.stream(), 1)
     assert ids([again]) == [[1, 2]] and (again.xid, again.end_lsn) == (txn.xid, txn.end_lsn)
+
+
+def test_a_reader_started_ahead_of_the_slot_gets_nothing_committed_before_its_start(
+    feed: Feed,
+) -> None:
+    """After a crash the slot may be behind what its reader had confirmed; a reader
+    that knows better starts there."""
+    feed.commit(1)
+    feed.commit(2)
+    feed.commit(3)
+    stream = feed.stream()
+    first, second, third = read(stream, 3)
+    stream.close()  # nothing confirmed: the slot is before all three
+    ahead = feed.stream(start_lsn=first.end_lsn)
+    assert ahead.start_lsn == first.end_lsn
+    assert ids(read(ahead, 2)) == [[2], [3]] and ahead.read(0.3) is None
+    ahead.close()
+    told: list[StreamStart] = []
+
+    def choose(start: StreamStart) -> int:
+        told.append(start)
+        return second.end_lsn
+
+    chosen = feed.stream(choose_start=choose)
+    [start] = told
+    assert start.slot == feed.slot and start.slot_lsn < first.commit_lsn
+    assert start.system_id.isdigit() and start.timeline >= 1
+    assert start.flush_lsn >= third.end_lsn
+    assert chosen.start_lsn == second.end_lsn
+    assert ids(read(chosen, 1)) == [[3]] and chosen.read(0.3) is None
+    # Confirming the start moves the slot there: the next reader starts after it too.
+    chosen.confirm(chosen.start_lsn)
+    assert feed.wait_confirmed(second.end_lsn).confirmed_flush_lsn == second.end_lsn
+    chosen.close()
+    assert ids(read(feed.stream(), 1)) == [[3]]
+    # Beyond the server's WAL nothing is committed yet: such a start would skip it.
+    with pytest.raises(ConfigurationError, match="beyond the server's WAL"):
+        feed.stream(start_lsn=start.flush_lsn + (1 << 32))
 
 
 # ------------------------------------------------------------------ one reader per slot

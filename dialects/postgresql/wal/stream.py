@@ -17,7 +17,11 @@ Guarantees the caller builds on:
   :meth:`WalStream.confirm`): whatever was not confirmed is sent again by the
   next reader of the slot (at least once);
 * one reader per slot: another gets :class:`SlotInUse` until the first one's
-  connection is gone.
+  connection is gone;
+* a reader started at a position (``start_lsn``, or ``choose_start``'s answer)
+  never hands out a transaction that committed before it, even where the
+  slot's own confirmed position is older (a crash loses a confirmation the
+  server had not saved yet).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import re
 import select
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -430,6 +434,25 @@ class WalTransaction:
     rows: tuple[WalRow, ...]
 
 
+@dataclass(frozen=True)
+class StreamStart:
+    """What the server and the slot told a reader before it started replication.
+
+    ``system_id`` and ``timeline`` (``IDENTIFY_SYSTEM``) name the WAL
+    history: a crash restart keeps both, a promoted standby or a
+    point-in-time recovery starts a new timeline, another cluster has another
+    system id. ``flush_lsn`` is the server's WAL flushed so far (nothing
+    committed lies beyond it); ``slot_lsn`` the slot's confirmed position,
+    as of its last save by the server after a crash.
+    """
+
+    slot: str
+    system_id: str
+    timeline: int
+    flush_lsn: int
+    slot_lsn: int
+
+
 @dataclass
 class _Open:
     begin: Begin
@@ -491,7 +514,13 @@ class WalStream:
     :class:`SlotInUse`, :class:`SlotMissing`, :class:`PublicationMissing`,
     :class:`WalLevelNotLogical`, :class:`ReplicationNotPermitted`,
     :class:`WalConnectionError`). ``start_lsn`` ``None`` starts at the slot's
-    confirmed position; an earlier one is raised to it by the server.
+    confirmed position; an earlier one is raised to it by the server; a later
+    one skips every transaction that committed before it. ``choose_start``,
+    if given, picks the start instead, once the server and the slot are
+    checked: it gets their :class:`StreamStart` and answers a position (0:
+    the slot's). A start beyond the server's flushed WAL is refused
+    (:class:`~outbox_core.errors.ConfigurationError`): it would skip what is
+    committed later. :attr:`start_lsn` is where the stream started.
     ``tables`` ((schema, table) pairs) limits the rows reported; ``None``
     reports every insert the publication sends.
 
@@ -510,6 +539,7 @@ class WalStream:
         publication: str | Sequence[str],
         tables: Iterable[tuple[str, str]] | None = None,
         start_lsn: int | str | None = None,
+        choose_start: Callable[[StreamStart], int] | None = None,
         wal_sender_timeout: float | None = None,
         connect_timeout: float = 10.0,
         status_interval: float = 10.0,
@@ -537,6 +567,9 @@ class WalStream:
         self._confirmed = 0
         self._server_end = 0
         self._closed = False
+        #: What the server and the slot told before replication started.
+        self.started: StreamStart | None = None
+        self._start_lsn = 0
         if start_lsn is None:
             start = 0  # the server starts at the slot's confirmed position
         elif isinstance(start_lsn, str):
@@ -557,7 +590,18 @@ class WalStream:
             raise self._connect_error(exc) from exc
         try:
             self._cursor = self._conn.cursor()
-            self._check()
+            self.started = self._check()
+            if choose_start is not None:
+                start = choose_start(self.started)
+            if start > self.started.flush_lsn:
+                # Nothing is committed there yet: starting there would skip what comes.
+                raise ConfigurationError(
+                    f"{self._where()}: cannot start at {format_lsn(start)}, beyond the "
+                    f"server's WAL ({format_lsn(self.started.flush_lsn)})"
+                )
+            # Transactions that committed before the start are skipped here too
+            # (the server skips them as well).
+            self._start_lsn = max(start, self.started.slot_lsn)
             self._start(start, status_interval)
         except BaseException:
             self._conn.close()
@@ -584,8 +628,9 @@ class WalStream:
         except self._pg.Error as exc:
             raise self._stream_error(exc) from exc
 
-    def _check(self) -> None:
-        """Plain reasons to refuse, asked before START_REPLICATION names them less clearly."""
+    def _check(self) -> StreamStart:
+        """Plain reasons to refuse, asked before START_REPLICATION names them less clearly;
+        then the server's WAL history and position, and the slot's."""
         # A replication=database connection runs simple SQL until replication starts.
         level, database = self._query("SELECT current_setting('wal_level'), current_database()")[0]
         if level != "logical":
@@ -594,13 +639,13 @@ class WalStream:
             )
         # to_jsonb: wal_status only exists from PostgreSQL 13 on.
         slots = self._query(
-            "SELECT plugin, database, to_jsonb(s)->>'wal_status' "
+            "SELECT plugin, database, to_jsonb(s)->>'wal_status', confirmed_flush_lsn::text "
             "FROM pg_replication_slots s WHERE slot_name = %s",
             (self.slot,),
         )
         if not slots:
             raise SlotMissing(f"{self._where()}: the replication slot does not exist")
-        plugin, slot_database, status = slots[0]
+        plugin, slot_database, status, confirmed = slots[0]
         if (plugin, slot_database) != ("pgoutput", database):
             raise SlotMissing(
                 f"{self._where()}: not a pgoutput slot of database {database!r} "
@@ -622,6 +667,15 @@ class WalStream:
             raise PublicationMissing(
                 f"{self._where()}: publication {', '.join(missing)} does not exist"
             )
+        # A replication command: the WAL history this server is on and its flushed end.
+        system_id, timeline, flushed, _ = self._query("IDENTIFY_SYSTEM")[0]
+        return StreamStart(
+            slot=self.slot,
+            system_id=str(system_id),
+            timeline=int(timeline),
+            flush_lsn=parse_lsn(str(flushed)),
+            slot_lsn=_lsn(confirmed) or 0,
+        )
 
     def _start(self, start: int, status_interval: float) -> None:
         names = ",".join(f'"{name}"' for name in self.publications)
@@ -677,6 +731,17 @@ class WalStream:
         return self._received
 
     @property
+    def start_lsn(self) -> int:
+        """Where the stream started: no transaction that committed before it comes."""
+        return self._start_lsn
+
+    @property
+    def read_lsn(self) -> int:
+        """How far the server's log has been read: the last transaction received, or the
+        WAL end of the server's last message, whichever is later."""
+        return max(self._received, self._server_end, self._start_lsn)
+
+    @property
     def idle_lsn(self) -> int | None:
         """The server's WAL end when nothing received is left unconfirmed, else None.
 
@@ -685,7 +750,9 @@ class WalStream:
         transaction is half received, one is waiting to be read, or a
         received one is not confirmed.
         """
-        if self._open is not None or self._ready or self._confirmed < self._received:
+        # Transactions skipped before the start count as confirmed.
+        confirmed = max(self._confirmed, self._start_lsn)
+        if self._open is not None or self._ready or confirmed < self._received:
             return None
         return self._server_end if self._server_end > self._confirmed else None
 
@@ -728,6 +795,8 @@ class WalStream:
                 )
             self._open = None
             self._received = message.end_lsn
+            if message.commit_lsn < self._start_lsn:
+                return  # before the start: settled by an earlier reader
             self._ready.append(
                 WalTransaction(
                     xid=opened.begin.xid,
@@ -814,7 +883,8 @@ class WalStream:
     def confirm(self, lsn: int) -> None:
         """Tell the server everything up to ``lsn`` is handled: the slot may move past it.
 
-        ``lsn`` is a transaction's ``end_lsn`` (or :attr:`idle_lsn`); a lower
+        ``lsn`` is a transaction's ``end_lsn`` (or :attr:`idle_lsn`, or
+        :attr:`start_lsn`: moving the slot to the start at once); a lower
         value than already confirmed changes nothing. The next reader of the
         slot starts after it. Sent at once, asking the server for a keepalive
         back (which refreshes :attr:`server_wal_end`).
@@ -824,10 +894,11 @@ class WalStream:
         the confirmed one: WAL that carried nothing to this reader. What
         arrives and is not confirmed is never passed.
         """
-        if lsn > max(self._received, self._server_end):
+        sent = max(self._received, self._server_end, self._start_lsn)
+        if lsn > sent:
             raise ValueError(
                 f"cannot confirm {format_lsn(lsn)}: beyond anything the server sent "
-                f"({format_lsn(max(self._received, self._server_end))})"
+                f"or the start ({format_lsn(sent)})"
             )
         if self._closed:
             raise WalError(f"{self._where()}: the stream is closed")

@@ -4,8 +4,11 @@ The relay builds events from the log and writes nothing per event; it
 touches the table only for what the log cannot do: marking a dead event,
 reading rows ``outbox replay`` returned to pending, the keys held by dead
 rows, and removing old rows. It reports its progress (a row per slot in
-``<table>_wal``, at most once a second) so that ``outbox status``, run
-elsewhere, can tell how old the oldest unpublished event is.
+``<table>_wal``, as it confirms and at least once a second) so that
+``outbox status``, run elsewhere, can tell how old the oldest unpublished
+event is, and so that the next reader of the slot starts where it was: the
+row is crash-safe, while the slot's confirmed position survives a crash only
+as of the server's last save of it.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ DEFERRED = "wal:deferred"
 def progress_table(outbox: sa.Table) -> sa.Table:
     """``<table>_wal``: one row per slot, what its reading relay last reported.
 
+    ``confirmed_lsn`` is the position past which every transaction's events
+    are published, dead or handed to the table (a reader may start there);
     ``oldest_held_at`` is the ``created_at`` of the oldest event the relay
-    has read and not yet published (NULL: it holds none); ``reported_at``
-    is on the database's clock.
+    has read and not yet published (NULL: it holds none); ``read_lsn`` how far
+    it has read the log; ``published_last_minute`` the events it published
+    in the last minute; ``reported_at`` is on the database's clock.
     """
     return sa.Table(
         f"{outbox.name}_wal",
@@ -50,8 +56,21 @@ def progress_table(outbox: sa.Table) -> sa.Table:
         sa.Column("held", sa.Integer(), nullable=False),
         sa.Column("oldest_held_at", sa.DateTime(timezone=True)),
         sa.Column("reported_at", sa.DateTime(timezone=True), nullable=False),
+        *_added_columns(),
         schema=outbox.schema,
     )
+
+
+def _added_columns() -> list[sa.Column[Any]]:
+    """Columns of ``<table>_wal`` that ``install --source wal`` adds to an older one."""
+    return [
+        sa.Column("read_lsn", sa.BigInteger()),
+        sa.Column("published_last_minute", sa.Integer()),
+    ]
+
+
+#: The names of :func:`_added_columns`: a relay writes them only where they exist.
+ADDED = frozenset(c.name for c in _added_columns())
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,8 @@ class Progress:
     oldest_held_at: datetime | None
     reported_at: datetime
     now: datetime
+    read_lsn: int | None = None
+    published_last_minute: int | None = None
 
     @property
     def age(self) -> float:
@@ -95,6 +116,19 @@ class SlotStatus:
     estimated: bool = False
     #: Events handed to the table to wait (long delays and backoffs).
     deferred: int = 0
+    #: WAL written since the relay's last read position (None: not reported).
+    unread_bytes: int | None = None
+    #: Events the reading relay published in the last minute (None: no relay reads).
+    published_last_minute: int | None = None
+    #: Seconds the earliest due deferred event has been due (None: none due).
+    deferred_due_age: float | None = None
+    #: ``oldest_unpublished_age`` leaving out deferred events (held or unread ones only).
+    stream_age: float | None = None
+
+    @property
+    def reading(self) -> bool:
+        """A relay reads the slot and its report is fresh (the figures are its own)."""
+        return self.active and not self.estimated
 
 
 def _row(
@@ -172,6 +206,7 @@ class WalTable:
         self.table = dialect.table
         self.columns = dialect.claim_columns(self.table)
         self.progress_table = progress_table(self.table)
+        self._columns: frozenset[str] | None = None
         self._deferred_index = _deferred_index(self.table)
         t = self.table
         self.is_deferred = _deferred(t)
@@ -283,6 +318,14 @@ class WalTable:
         (``outbox install --source wal``)."""
         with self.dialect.transaction(conn):
             self.progress_table.create(conn, checkfirst=True)
+            p = self.progress_table
+            name = conn.dialect.identifier_preparer.format_table(p)
+            for column in self._absent_columns(conn):
+                kind = column.type.compile(dialect=conn.dialect)
+                conn.execute(
+                    sa.text(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {column.name} {kind}")
+                )
+        self._columns = None
         # CREATE INDEX CONCURRENTLY runs outside a transaction.
         with conn.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as auto:
             self._deferred_index.create(auto, checkfirst=True)
@@ -294,6 +337,10 @@ class WalTable:
             ix["name"] for ix in sa.inspect(conn).get_indexes(self.table.name, self.table.schema)
         }
         gone = [] if self.has_progress(conn) else [self.progress_table.name]
+        absent = self._absent_columns(conn) if not gone else []
+        if absent:
+            named = ", ".join(c.name for c in absent)
+            gone.append(f"{self.progress_table.name}'s column(s) {named}")
         if self._deferred_index.name not in found:
             gone.append(str(self._deferred_index.name))
         return gone
@@ -310,6 +357,21 @@ class WalTable:
         p = self.progress_table
         return sa.inspect(conn).has_table(p.name, schema=p.schema)
 
+    def _present(self, conn: Connection) -> frozenset[str]:
+        """The columns ``<table>_wal`` has (read once; empty when it does not exist)."""
+        if self._columns is None:
+            p = self.progress_table
+            if not self.has_progress(conn):
+                return frozenset()
+            found = sa.inspect(conn).get_columns(p.name, schema=p.schema)
+            self._columns = frozenset(str(c["name"]) for c in found)
+        return self._columns
+
+    def _absent_columns(self, conn: Connection) -> list[sa.Column[Any]]:
+        p = self.progress_table
+        found = {str(c["name"]) for c in sa.inspect(conn).get_columns(p.name, schema=p.schema)}
+        return [p.c[name] for name in sorted(ADDED) if name not in found]
+
     def report(
         self,
         conn: Connection,
@@ -319,25 +381,40 @@ class WalTable:
         confirmed_lsn: int,
         held: int,
         oldest_held_at: datetime | None,
+        read_lsn: int | None = None,
+        published_last_minute: int | None = None,
+        durable: bool = False,
     ) -> None:
-        """Upsert the slot's row: the relay's confirmed position and oldest held event."""
+        """Upsert the slot's row: the relay's confirmed position and oldest held event.
+
+        Committed without waiting for the disk unless ``durable``: a report
+        lost in a crash costs the events since the one before it sent again,
+        never a stall of the relay on each write.
+        """
         p = self.progress_table
-        values = {
+        values: dict[str, Any] = {
             "relay": relay[:64],
             "confirmed_lsn": confirmed_lsn or None,
             "held": held,
             "oldest_held_at": oldest_held_at,
             "reported_at": sa.func.now(),
         }
+        present = self._present(conn)
+        added = {"read_lsn": read_lsn or None, "published_last_minute": published_last_minute}
+        values.update({name: value for name, value in added.items() if name in present})
         stmt = postgresql.insert(p).values(slot=slot, **values)
         with self.dialect.transaction(conn):
+            if not durable:
+                conn.execute(sa.text("SET LOCAL synchronous_commit = off"))
             conn.execute(stmt.on_conflict_do_update(index_elements=[p.c.slot], set_=values))
 
     def progress(self, conn: Connection, slot: str) -> Progress | None:
         """The slot's last report (None: no relay ever reported, or no ``<table>_wal``)."""
-        if not self.has_progress(conn):
+        present = self._present(conn)
+        if not present:
             return None
         p = self.progress_table
+        added = [p.c[name] if name in present else sa.null() for name in sorted(ADDED)]
         row = conn.execute(
             sa.select(
                 p.c.relay,
@@ -346,9 +423,30 @@ class WalTable:
                 p.c.oldest_held_at,
                 p.c.reported_at,
                 sa.func.now(),
+                *added,
             ).where(p.c.slot == slot)
         ).first()
-        return None if row is None else Progress(*row)
+        if row is None:
+            return None
+        extra = dict(zip(sorted(ADDED), row[6:], strict=True))
+        return Progress(*row[:6], **extra)
+
+    def settled_lsn(self, conn: Connection, slot: str) -> int | None:
+        """The slot's last reported confirmed position (None: none, or no ``<table>_wal``):
+        every transaction that committed before it is published, dead or handed over."""
+        if not self._present(conn):
+            return None
+        p = self.progress_table
+        found = conn.execute(sa.select(p.c.confirmed_lsn).where(p.c.slot == slot)).scalar()
+        return None if found is None else int(found)
+
+    def forget_progress(self, conn: Connection, slot: str) -> None:
+        """Delete the slot's row (a new slot of that name: the old position means nothing)."""
+        if not self._present(conn):
+            return
+        p = self.progress_table
+        with self.dialect.transaction(conn):
+            conn.execute(sa.delete(p).where(p.c.slot == slot))
 
     def oldest_created_since(self, conn: Connection, since: datetime) -> datetime | None:
         """``created_at`` of the oldest pending row created after ``since`` (a lower bound
@@ -368,10 +466,21 @@ class WalTable:
         reading = facts.active and progress is not None and progress.age <= REPORT_STALE
         age: float | None = None
         deferred, oldest_deferred = self.oldest_deferred(conn)
+        due_age = self.deferred_due_age(conn) if deferred else None
+        unread = None
+        if progress is not None and progress.read_lsn is not None and facts.lag_bytes is not None:
+            # The server's WAL end, as slot_facts measured it, less the relay's read position.
+            end = (facts.confirmed_flush_lsn or 0) + facts.lag_bytes
+            unread = max(0, end - progress.read_lsn)
+        stream_age: float | None = None
         if progress is not None:
             oldest = progress.oldest_held_at
             if not reading and oldest is None:
                 oldest = self.oldest_created_since(conn, progress.reported_at)
+            if oldest is not None:
+                stream_age = max(0.0, (progress.now - oldest).total_seconds())
+            elif reading:
+                stream_age = 0.0
             if oldest_deferred is not None and (oldest is None or oldest_deferred < oldest):
                 oldest = oldest_deferred
             if oldest is not None:
@@ -394,6 +503,12 @@ class WalTable:
             oldest_unpublished_age=age,
             estimated=not reading,
             deferred=deferred,
+            unread_bytes=unread,
+            published_last_minute=progress.published_last_minute
+            if reading and progress is not None
+            else None,
+            deferred_due_age=due_age,
+            stream_age=stream_age,
         )
 
     # -- deferred rows ----------------------------------------------------------------------
@@ -537,6 +652,15 @@ class WalTable:
         t = self.table
         query = sa.select(sa.func.count()).where(in_state(t.c.state, State.DEAD))
         return int(conn.execute(query).scalar_one())
+
+    def deferred_due_age(self, conn: Connection) -> float | None:
+        """Seconds the earliest due deferred event has been due (None: none is due)."""
+        t = self.table
+        waited = sa.extract("epoch", sa.func.now() - sa.func.min(t.c.available_at))
+        found = conn.execute(
+            sa.select(waited).where(self.is_deferred, t.c.available_at <= sa.func.now())
+        ).scalar()
+        return None if found is None else max(0.0, float(found))
 
     def oldest_deferred(self, conn: Connection) -> tuple[int, datetime | None]:
         """How many events wait in the table, and the oldest one's ``created_at``."""
