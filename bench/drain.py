@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,6 +41,7 @@ from bench.bare_lease import bare_lease_rate
 from bench.common import PAYLOAD, bulk_prefill, run_until_sent
 from outbox_core import Outbox
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core.relay import RelayObserver
 
 
 def own_statements(outbox: Outbox, batch: int) -> float:
@@ -69,17 +70,21 @@ def relay_rate(
     ordered: bool = False,
     run_length: int = 1,
     ordering: str = "partitions",
+    observers: Sequence[RelayObserver] = (),
 ) -> float:
-    """Events/s for ``Relay.run()`` draining ``total`` events to the memory broker."""
+    """Events/s for ``Relay.run()`` draining ``total`` events to the memory broker;
+    ``observers`` are told each claim and cycle (``bench/ordered_spread.py`` times claims)."""
     relay = outbox.relay(
         MemoryBroker(MemoryQueue("drain")),
         batch_size=batch,
-        reap_interval=0,
+        # Due once at start (nothing is leased yet), then not within the drain.
+        reap_interval=3600,
         cleanup_after=0,
         ordered=ordered,
         run_length=run_length,
         ordering=ordering,
     )
+    relay.observers.extend(observers)
     return run_until_sent(relay, total)
 
 
