@@ -106,12 +106,12 @@ class Settings:
     #: (log tailing: rows already relayed); dead rows are kept. 0: never.
     cleanup_after: float = 7 * 86400.0
     #: How often the relay runs its cleanup, in seconds (or ``1m``); 0: never.
-    cleanup_interval: float = setting(60.0, positive=True)
+    cleanup_interval: float = 60.0
     #: Rows deleted per cleanup transaction; one cleanup runs at most 10 of them.
     cleanup_batch: int = 1000
     #: How often the relay returns expired leases to pending, in seconds (or ``5s``);
     #: 0: this relay never reaps. Not used by log tailing.
-    reap_interval: float = setting(5.0, positive=True)
+    reap_interval: float = 5.0
     #: Largest payload (with its headers, as UTF-8 JSON) ``enqueue`` accepts; None:
     #: no limit of the outbox's own. Brokers have theirs: RabbitMQ 16 MiB (the
     #: broker's ``max_message_size``), Kafka and NATS 1 MiB by default.

@@ -108,7 +108,7 @@ BAD_TOML = {
     "poll_interval = inf": "poll_interval",
     "batch_size = 1.5": "batch_size",
     "cleanup_after = inf": "cleanup_after",
-    "reap_interval = 0": "reap_interval",
+    "reap_interval = \"-5s\"": "reap_interval",
     'lease = "30d"': "lease",
 }
 
