@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outbox_core.errors import ConfigurationError
-from outbox_core.fields import checked, convert_fields, from_values, setting
+from outbox_core.fields import checked, convert_fields, from_values, parse_size, setting
 from outbox_core.redaction import mask_url
 
 #: The longest lease: a day. The relay's connections end a transaction left
@@ -28,6 +28,9 @@ MAX_LEASE = 86400.0
 
 #: ``Settings.max_payload_bytes`` by default: RabbitMQ's default message limit here.
 DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
+
+#: ``Settings.batch_bytes`` by default: one largest payload (``DEFAULT_MAX_PAYLOAD``).
+DEFAULT_BATCH_BYTES = DEFAULT_MAX_PAYLOAD
 
 
 @checked
@@ -53,6 +56,14 @@ class Settings:
     #: Most events claimed and published per cycle (capped at 1,000 on SQL Server,
     #: 10,000 elsewhere); log tailing: most events per published batch.
     batch_size: int = 100
+    #: Most bytes of payloads and headers one claim takes, besides ``batch_size``: a
+    #: claim takes no further event once those it took reach this, so a batch holds at
+    #: most this plus one event, and an event larger than this goes alone. Counted as
+    #: the database stores them: on PostgreSQL the stored size (less than the JSON where
+    #: PostgreSQL compressed it), on SQL Server UTF-16 text. A relay holds up to five
+    #: batches at once (the one it publishes, two claimed ahead of it, two settling).
+    #: A number of bytes or a size: ``16MiB``, ``512KiB``, ``1GB``.
+    batch_bytes: int = setting(DEFAULT_BATCH_BYTES, convert=parse_size)
     #: Seconds (or ``30s``, ``2m``) a claim is leased for. ``run()`` renews the lease of
     #: a batch in flight, for at most 10 leases; an expired lease is reaped back to
     #: pending and its events are published again.

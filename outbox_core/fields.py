@@ -74,6 +74,40 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "kib": 1024,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+#: The largest byte size a setting takes (1 TiB): anything above is a typo.
+MAX_SIZE = 1024**4
+
+
+def parse_size(value: Any, name: str = "size", *, minimum: int = 1) -> int:
+    """Bytes from ``1048576``, ``512KiB``, ``16MiB`` or ``1GB`` (``KB``, ``MB``, ``GB``: 1000s)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigurationError(f"{name}: expected a size in bytes, got {_shown(value)}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(value)
+        if not match:
+            raise ConfigurationError(
+                f"{name}: {_shown(value)} is not a size (examples: 1048576, 512KiB, 16MiB, 1GB)"
+            )
+        size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+    if not minimum <= size <= MAX_SIZE:
+        raise ConfigurationError(
+            f"{name}: must be between {minimum} and {MAX_SIZE} bytes (1TiB), got {_shown(value)}"
+        )
+    return size
+
+
 def parse_bool(value: Any, name: str) -> bool:
     """``True`` / ``False`` from a bool or from 1/0, true/false, yes/no, on/off."""
     if isinstance(value, bool):

@@ -94,7 +94,7 @@ class Dialect(ABC):
         self.reads = parts.reads(self)
         self.keys = parts.keys(self)
         self.partitions = parts.partitions(self)
-        self._claims: dict[tuple[int, float], sa.Executable] = {}
+        self._claims: dict[tuple[int, float, bool], sa.Executable] = {}
         self._marks: dict[bool, sa.Executable] = {}
 
     # -- clock ---------------------------------------------------------------
@@ -197,6 +197,19 @@ class Dialect(ABC):
         c = o.c
         return [c.id, c.event_id, c.topic, c.key, c.payload, c.headers, c.attempts, c.created_at]
 
+    def stored_size(self, o: sa.FromClause) -> sa.ColumnElement[int]:
+        """The bytes of a row's payload and headers as the database stores them.
+
+        What a claim's byte budget counts (:mod:`~outbox_core.dialects.base.budget`):
+        read on the server, without sending the values. The default is SQL's
+        ``length()``, which some databases count in characters; each family
+        gives its own stored size.
+        """
+        c = o.c
+        return sa.func.length(c.payload, type_=sa.Integer()) + sa.func.coalesce(
+            sa.func.length(c.headers, type_=sa.Integer()), 0
+        )
+
     def lease_values(
         self,
         *,
@@ -223,6 +236,7 @@ class Dialect(ABC):
         token: str,
         ordered: bool,
         block_on_dead: bool = True,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         """Lease up to ``limit`` due pending events, oldest first, under ``token``.
 
@@ -230,7 +244,9 @@ class Dialect(ABC):
         and never wait for each other's locks (except on SQLite, where writers
         take turns). ``attempts`` is incremented. In ``ordered`` mode only the
         head of each key is eligible; ``block_on_dead``: a dead head still
-        holds its key back.
+        holds its key back. ``max_bytes``: the claim's byte budget (see
+        :mod:`~outbox_core.dialects.base.budget`; None: none), counted by
+        :meth:`stored_size`; the first event is taken whatever its size.
         """
 
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:

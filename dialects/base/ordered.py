@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from outbox_core.dialects.base.budget import Claimed, take_within
 from outbox_core.dialects.base.values import MAX_KEYS_PER_CLAIM, MAX_WALKS, NO_END
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
@@ -277,14 +278,15 @@ class KeyWalk:
         return ids, last, visited
 
     def run_prefixes(self, conn: Connection, rows: Sequence[Any], block_on_dead: bool) -> set[int]:
-        """Ids of the locked ``rows`` that are their key's first unsent rows, in order.
+        """Ids of the locked ``rows`` (``id, key, ...``) that are their key's first unsent rows,
+        in order.
 
         A plain read (no lock hint): a row another claim holds, skipped by
         SKIP LOCKED / READPAST, ends its key's run there.
         """
         t = self.table
-        valid = {int(r[0]) for r in rows if r[3] is None}
-        keys = sorted({r[3] for r in rows if r[3] is not None})
+        valid = {int(r[0]) for r in rows if r[1] is None}
+        keys = sorted({r[1] for r in rows if r[1] is not None})
         if not keys:
             return valid
         unsent = [int(State.PENDING), int(State.LEASED)]
@@ -323,6 +325,7 @@ class KeyWalk:
         token: str,
         run_length: int,
         block_on_dead: bool = True,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         """Ordered mode with runs: per key, up to ``run_length`` consecutive due events.
 
@@ -330,12 +333,15 @@ class KeyWalk:
 
         1. :meth:`key_window` picks the keys to look at and their runs' ends;
         2. lock candidates among them (pending, due, no earlier leased, dead
-           or not-yet-due row of their key), skipping rows other claims hold;
+           or not-yet-due row of their key), skipping rows other claims hold,
+           reading their ids, keys and stored sizes (no payloads);
         3. a plain read of the keys' unsent rows: a key's locked rows count
            only as far as they are the key's first unsent rows, and at most
            ``run_length`` of them. A row skipped because another claim holds
            it ends the run there;
-        4. lease what remains. The dropped rows' locks go at commit.
+        4. of those, in id order, what the byte budget ``max_bytes`` allows
+           (a prefix: a key's run is cut, never broken);
+        5. lease what remains and read it. The dropped rows' locks go at commit.
         """
         d = self.dialect
         t = self.table
@@ -361,7 +367,7 @@ class KeyWalk:
             if window is None:
                 return []
             candidates = d.lock_rows(
-                sa.select(*d.claim_columns(t))
+                sa.select(t.c.id, t.c.key, d.stored_size(t))
                 .where(*self.claimable(t), window, sa.or_(t.c.key.is_(None), ~earlier_blocked))
                 .order_by(t.c.id)
                 .limit(limit)
@@ -370,16 +376,15 @@ class KeyWalk:
             valid = self.run_prefixes(conn, rows, block_on_dead)
             runs: dict[str, int] = {}
             for r in rows:
-                if r[3] is not None and int(r[0]) in valid:
-                    runs[r[3]] = runs.get(r[3], 0) + 1
-                    if runs[r[3]] > run_length:  # rows reaped back since the window was read
+                if r[1] is not None and int(r[0]) in valid:
+                    runs[r[1]] = runs.get(r[1], 0) + 1
+                    if runs[r[1]] > run_length:  # rows reaped back since the window was read
                         valid.discard(int(r[0]))
-            if not valid:
-                return []
-            conn.execute(
-                sa.update(t)
-                .where(d.id_in(sorted(valid)), in_state(t.c.state, State.PENDING))
-                .values(d.lease_values(lease=lease, token=token))
+            kept = take_within(
+                (r for r in rows if int(r[0]) in valid), lambda r: int(r[2] or 0), max_bytes
             )
-        # The rows were read before the UPDATE counted this attempt.
-        return [d.to_event(r, token, attempts_offset=1) for r in rows if int(r[0]) in valid]
+            if not kept:
+                return []
+            # Leased by id and read back (RETURNING where the database has it).
+            events = d.partitions.lease(conn, [int(r[0]) for r in kept], lease=lease, token=token)
+        return Claimed(events, sum(int(r[2] or 0) for r in kept))

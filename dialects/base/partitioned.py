@@ -60,6 +60,9 @@ class WindowRow(NamedTuple):
     #: Only where ``partition`` is None (the partition is computed from it).
     event_id: str | None
     due: bool
+    #: The payload's and headers' stored bytes (:meth:`Dialect.stored_size`): what
+    #: the claim's byte budget counts.
+    size: int = 0
 
 
 class OneStatementClaim(NamedTuple):
@@ -78,6 +81,8 @@ class OneStatementClaim(NamedTuple):
     held: int | None = None
     #: Distinct keys in the window (keyless rows are none).
     keys: int = 0
+    #: Stored bytes of the leased rows (what the byte budget counted).
+    bytes: int = 0
 
 
 class PartitionStatements:
@@ -208,13 +213,15 @@ class PartitionStatements:
         Plain reads in the pending index's order: the relay that owns the
         partitions is the only one that leases their pending rows, so no row
         lock is needed to pick. ``skip_keys``: keys already known blocked.
+        Each row's stored size comes with it, not its payload.
         """
         t = self.table
         due = sa.case((t.c.available_at <= self.dialect.clock(), 1), else_=0)
         # The event id only where the partition must be computed from it.
         event_id = sa.case((t.c.key_partition.is_(None), t.c.event_id), else_=sa.null())
+        size = self.dialect.stored_size(t)
         query = (
-            sa.select(t.c.id, t.c.key, t.c.key_partition, event_id, due)
+            sa.select(t.c.id, t.c.key, t.c.key_partition, event_id, due, size)
             .where(
                 in_state(t.c.state, State.PENDING),
                 t.c.id > after,
@@ -227,7 +234,7 @@ class PartitionStatements:
             query = query.where(sa.or_(t.c.key.is_(None), t.c.key.not_in(list(skip_keys))))
         rows = conn.execute(query, self.dialect.clock_params()).all()
         # The driver's types already: ids and partitions come back as ints.
-        return [WindowRow(a, b, c, d, e == 1) for a, b, c, d, e in rows]
+        return [WindowRow(a, b, c, d, e == 1, int(f or 0)) for a, b, c, d, e, f in rows]
 
     def claim_window(
         self,
@@ -243,6 +250,7 @@ class PartitionStatements:
         whole: Collection[str] = (),
         published: Collection[int] = (),
         blocked_by_leases: bool = True,
+        max_bytes: int | None = None,
     ) -> OneStatementClaim:
         """Inside a transaction: lease what :func:`~outbox_core.relay.owned.pick` would
         choose from the first ``size`` pending rows of ``partitions``, in one statement.
@@ -251,7 +259,8 @@ class PartitionStatements:
         but those of the lease tokens ``whole`` and the ids ``published``
         (this relay's rows the broker confirmed). Leases nothing where a row
         of the window has no partition (an earlier version wrote it: the
-        Python path computes its partition). ``blocked_by_leases``: False
+        Python path computes its partition). ``max_bytes``: the byte budget
+        (None: none), as ``pick`` keeps it. ``blocked_by_leases``: False
         only for the broken variant the property suite shows failing.
         Only where :attr:`claims_in_one`.
         """

@@ -74,6 +74,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import KeyWalk, Parts, ReturningDialect, ServerInfo
+from outbox_core.dialects.base.budget import SIZE, Claimed, budget_param, bytes_before
 from outbox_core.dialects.mssql.inbox import MssqlInbox
 from outbox_core.dialects.mssql.partitioned import MssqlPartitions
 from outbox_core.dialects.mssql.session import FILTERED_INDEX_OPTIONS, MssqlSession
@@ -191,11 +192,15 @@ class MssqlDialect(ReturningDialect):
         """``WITH (ROWLOCK, UPDLOCK, READPAST, READCOMMITTEDLOCK)`` on the outbox table."""
         return select.with_hint(self.table, CLAIM_HINT, "mssql")
 
-    def claimed_rows(self) -> sa.Select[Any]:
-        """The rows the claim under ``:o_token`` leased, in id order (its own locks: visible)."""
+    def claimed_rows(self, *, sized: bool = False) -> sa.Select[Any]:
+        """The rows the claim under ``:o_token`` leased, in id order (its own locks: visible);
+        ``sized``: each with its stored size last."""
         t = self.table
+        columns = self.claim_columns(t)
+        if sized:
+            columns.append(self.stored_size(t).label(SIZE))
         return (
-            sa.select(*self.claim_columns(t))
+            sa.select(*columns)
             .where(
                 in_state(t.c.state, State.LEASED),
                 t.c.lease_owner == sa.bindparam("o_token", type_=t.c.lease_owner.type),
@@ -210,16 +215,24 @@ class MssqlDialect(ReturningDialect):
         stmt: sa.Executable,
         token: str,
         params: dict[str, Any] | None = None,
+        *,
+        sized: bool = False,
     ) -> list[Event]:
         """Lease with a plain ``UPDATE``, then read the leased rows back by token (no OUTPUT)."""
+        read_back = self._read_back_sized if sized else self._read_back
         with self.transaction(conn):
             conn.execute(stmt, params)
-            rows = conn.execute(self._read_back, {"o_token": token}).all()
-        return [self.to_event(r, token) for r in rows]
+            rows = conn.execute(read_back, {"o_token": token}).all()
+        events = [self.to_event(r, token) for r in rows]
+        return Claimed(events, sum(int(r[-1] or 0) for r in rows) if sized else 0)
 
     @functools.cached_property
     def _read_back(self) -> sa.Select[Any]:
         return self.claimed_rows()
+
+    @functools.cached_property
+    def _read_back_sized(self) -> sa.Select[Any]:
+        return self.claimed_rows(sized=True)
 
     def claim_statement(
         self,
@@ -230,12 +243,20 @@ class MssqlDialect(ReturningDialect):
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
         block_on_dead: bool = True,
+        max_bytes: int | sa.BindParameter[int] | None = None,
     ) -> sa.Update:
-        """The claim: an updatable CTE read with ``READPAST``; the rows are read back by token."""
+        """The claim: an updatable CTE read with ``READPAST``; the rows are read back by token.
+
+        With a byte budget, a second CTE ``b`` over ``c`` adds the bytes
+        before each row (a running sum over the rows ``c`` locked, not over
+        the table: ``TOP`` applies after window functions), and the update
+        goes through ``b``, where they are under the budget.
+        """
         t = self.table
         cols = [*self.claim_columns(t), t.c.state, t.c.lease_owner, t.c.lease_until]
+        sized = [*cols, self.stored_size(t).label(SIZE)] if max_bytes is not None else cols
         picked = self.lock_rows(
-            sa.select(*cols)
+            sa.select(*sized)
             .where(*self.keys.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(min(limit, self.max_batch))
@@ -243,8 +264,31 @@ class MssqlDialect(ReturningDialect):
         # UPDATE c, not UPDATE outbox: the update goes through the CTE's rows,
         # so only the rows it locked are touched.
         c = sa.table("c", *(sa.column(col.name, col.type) for col in cols))
-        lease_it = self.lease_values(lease=lease, token=token, target=c)
-        return sa.update(c).values(lease_it).add_cte(picked)
+        if max_bytes is None:
+            lease_it = self.lease_values(lease=lease, token=token, target=c)
+            return sa.update(c).values(lease_it).add_cte(picked)
+        # The columns the lease sets, and the bytes before each row.
+        leased = [t.c.id, t.c.attempts, t.c.state, t.c.lease_owner, t.c.lease_until]
+        before = sa.select(
+            *(picked.c[col.name] for col in leased), bytes_before(picked).label("o_before")
+        ).cte("b")
+        b = sa.table("b", *(sa.column(col.name, col.type) for col in leased), sa.column("o_before"))
+        lease_it = self.lease_values(lease=lease, token=token, target=b)
+        return (
+            sa.update(b)
+            .where(b.c.o_before < budget_param(max_bytes))
+            .values(lease_it)
+            .add_cte(picked)
+            .add_cte(before)
+        )
+
+    def stored_size(self, o: sa.FromClause) -> sa.ColumnElement[int]:
+        """``DATALENGTH(payload) + coalesce(DATALENGTH(headers), 0)``: bytes of the
+        ``NVARCHAR(max)`` text, UTF-16 (two per character of most text)."""
+        c = o.c
+        return sa.func.datalength(c.payload, type_=sa.BigInteger()) + sa.func.coalesce(
+            sa.func.datalength(c.headers, type_=sa.BigInteger()), 0
+        )
 
 
 def read_committed_snapshot(conn: Connection) -> bool:

@@ -14,8 +14,12 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from outbox_core.dialects.base import Dialect, KeyWalk, Parts, ServerInfo, version_prefix
+from outbox_core.dialects.base.budget import SIZE, UNBOUNDED, Claimed, take_within
 from outbox_core.dialects.mysql.inbox import MysqlInbox
 from outbox_core.dialects.mysql.partitioned import MysqlPartitions
 from outbox_core.dialects.mysql.session import MysqlSession, is_mariadb
@@ -95,6 +99,11 @@ class MysqlDialect(Dialect):
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""
         return select.with_for_update(skip_locked=True)
 
+    def stored_size(self, o: sa.FromClause) -> sa.ColumnElement[int]:
+        """The JSON's stored bytes, payload and headers (:class:`JsonBytes`)."""
+        c = o.c
+        return JsonBytes(c.payload) + sa.func.coalesce(JsonBytes(c.headers), 0)
+
     def claim_statement(
         self,
         *,
@@ -103,10 +112,23 @@ class MysqlDialect(Dialect):
         window: sa.ColumnElement[bool] | None = None,
         block_on_dead: bool = True,
     ) -> sa.Select[Any]:
-        """``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED``: read and lock the rows."""
+        """``SELECT ... ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED``: read and lock the rows.
+
+        The columns of :meth:`claim_columns` and each row's stored size last;
+        a row's payload and headers only where that size is at most
+        ``:o_inline`` (else NULL: :meth:`claim` reads them once it keeps the
+        row). So the rows read hold at most ``limit`` times that many bytes,
+        whatever their sizes, and a batch of small events is read in one
+        statement, as without a budget.
+        """
         t = self.table
+        size = self.stored_size(t)
+        inline = size <= sa.bindparam("o_inline", type_=sa.BigInteger())
+        columns = self.claim_columns(t)
+        columns[4] = sa.case((inline, t.c.payload), else_=sa.null()).label("payload")
+        columns[5] = sa.case((inline, t.c.headers), else_=sa.null()).label("headers")
         return self.lock_rows(
-            sa.select(*self.claim_columns(t))
+            sa.select(*columns, size.label(SIZE))
             .where(*self.keys.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(limit)
@@ -121,8 +143,14 @@ class MysqlDialect(Dialect):
         token: str,
         ordered: bool,
         block_on_dead: bool = True,
+        max_bytes: int | None = None,
     ) -> list[Event]:
-        """Lock due rows with SKIP LOCKED, lease them by id, commit.
+        """Lock due rows with SKIP LOCKED, keep those the byte budget allows, lease them by
+        id, commit.
+
+        Rows of at most a share of the budget (``max_bytes / limit``) come
+        with their payloads; a larger one kept is read after the lease. The
+        rows left out stay locked until the commit, moments later.
 
         Ordered mode re-checks the heads with a separate plain read: seen in the
         chaos suite, MariaDB can evaluate the head-of-key subquery of a ``FOR
@@ -130,6 +158,7 @@ class MysqlDialect(Dialect):
         holds, letting the next event of the key overtake it.
         """
         t = self.table
+        share = UNBOUNDED if max_bytes is None else max_bytes // limit
         with self.transaction(conn):
             window = (
                 self.keys.key_window(conn, limit=limit, run_length=1, block_on_dead=block_on_dead)
@@ -143,15 +172,15 @@ class MysqlDialect(Dialect):
                     limit=limit, ordered=True, window=window, block_on_dead=block_on_dead
                 )
             else:  # built once per batch size (see ReturningDialect.claim)
-                cached = self._claims.get((limit, 0.0))
+                cached = self._claims.get((limit, 0.0, True))
                 if cached is None:
-                    cached = self._claims[limit, 0.0] = self.claim_statement(
+                    cached = self._claims[limit, 0.0, True] = self.claim_statement(
                         limit=limit, ordered=False
                     )
                 pick = cached
-            rows = conn.execute(pick).all()
+            rows = conn.execute(pick, {"o_inline": share}).all()
             if ordered and rows:
-                heads = self.keys.run_prefixes(conn, rows, block_on_dead)
+                heads = self.keys.run_prefixes(conn, [(r[0], r[3]) for r in rows], block_on_dead)
                 seen: set[str] = set()
                 kept = []
                 for r in rows:
@@ -160,13 +189,42 @@ class MysqlDialect(Dialect):
                         if r[3] is not None:
                             seen.add(r[3])
                 rows = kept
+            rows = take_within(rows, lambda r: int(r[-1] or 0), max_bytes)
             if not rows:
                 return []
-            ids = [r[0] for r in rows]
             conn.execute(
                 sa.update(t)
-                .where(self.id_in(ids))
+                .where(self.id_in([r[0] for r in rows]))
                 .values(self.lease_values(lease=lease, token=token))
             )
-        # The rows were read before the UPDATE counted this attempt.
-        return [self.to_event(r, token, attempts_offset=1) for r in rows]
+            # The rows were read before the UPDATE counted this attempt.
+            events = [self.to_event(r, token, attempts_offset=1) for r in rows if r[-1] <= share]
+            large = [int(r[0]) for r in rows if r[-1] > share]
+            if large:
+                read = sa.select(*self.claim_columns(t)).where(self.id_in(large))
+                events += [self.to_event(r, token) for r in conn.execute(read)]
+                events.sort(key=lambda e: e.id)
+        return Claimed(events, sum(int(r[-1] or 0) for r in rows))
+
+
+class JsonBytes(FunctionElement[int]):
+    """The stored bytes of a JSON value: ``LENGTH()`` on MariaDB, where JSON is
+    ``LONGTEXT``; ``JSON_STORAGE_SIZE()`` on MySQL, which stores JSON in a binary form
+    (``LENGTH()`` would serialise it first). Told apart when the statement is compiled
+    for the connected server.
+    """
+
+    type = sa.Integer()
+    name = "json_bytes"
+    inherit_cache = True
+
+
+@compiles(JsonBytes)
+def _json_bytes(element: JsonBytes, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"length({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(JsonBytes, "mysql")
+def _json_bytes_mysql(element: JsonBytes, compiler: SQLCompiler, **kw: Any) -> str:
+    function = "LENGTH" if getattr(compiler.dialect, "is_mariadb", False) else "JSON_STORAGE_SIZE"
+    return f"{function}({compiler.process(element.clauses, **kw)})"

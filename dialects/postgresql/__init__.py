@@ -24,6 +24,7 @@ from outbox_core.dialects.base import (
     ServerInfo,
     version_prefix,
 )
+from outbox_core.dialects.base.budget import SIZE, budget_param, within_budget
 from outbox_core.dialects.postgresql.enqueue import PostgresqlEnqueue
 from outbox_core.dialects.postgresql.inbox import PostgresqlInbox
 from outbox_core.dialects.postgresql.partitioned import PostgresqlPartitions
@@ -159,18 +160,46 @@ class PostgresqlDialect(ReturningDialect):
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
         block_on_dead: bool = True,
+        max_bytes: int | sa.BindParameter[int] | None = None,
     ) -> sa.Update:
-        """``WITH c AS MATERIALIZED (SELECT ... SKIP LOCKED) UPDATE ... FROM c RETURNING``."""
+        """``WITH c AS MATERIALIZED (SELECT ... SKIP LOCKED) UPDATE ... FROM c RETURNING``.
+
+        With a byte budget, ``c`` also reads each row's stored size and the
+        update takes the rows of ``c`` the budget keeps (a running sum over
+        ``c``: window functions cannot share a query with ``FOR UPDATE``),
+        returning their sizes last. The rows left out stay locked until the
+        claim commits, moments later.
+        """
         t = self.table
+        columns: list[sa.ColumnElement[Any]] = [t.c.id]
+        if max_bytes is not None:
+            columns.append(self.stored_size(t).label(SIZE))
         pick = (
-            sa.select(t.c.id)
+            sa.select(*columns)
             .where(*self.keys.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
         )
-        picked = self.lock_rows(pick.limit(limit)).cte("c").prefix_with("MATERIALIZED")
+        picked: sa.FromClause = (
+            self.lock_rows(pick.limit(limit)).cte("c").prefix_with("MATERIALIZED")
+        )
+        returned = self.claim_columns(t)
+        if max_bytes is not None:
+            picked = within_budget(picked, budget_param(max_bytes), SIZE).subquery("b")
+            returned.append(picked.c[SIZE])
         return (
             sa.update(t)
             .where(t.c.id == picked.c.id)
             .values(self.lease_values(lease=lease, token=token))
-            .returning(*self.claim_columns(t))
+            .returning(*returned)
+        )
+
+    def stored_size(self, o: sa.FromClause) -> sa.ColumnElement[int]:
+        """``pg_column_size(payload) + coalesce(pg_column_size(headers), 0)``.
+
+        The stored size: compressed where PostgreSQL compressed the value,
+        and read from the TOAST pointer of a large one without fetching it.
+        """
+        c = o.c
+        return sa.func.pg_column_size(c.payload, type_=sa.Integer()) + sa.func.coalesce(
+            sa.func.pg_column_size(c.headers, type_=sa.Integer()), 0
         )

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
+from outbox_core.dialects.base.budget import SIZE, UNBOUNDED, budget_param, within_budget
 from outbox_core.dialects.base.partitioned import OneStatementClaim, PartitionStatements
 from outbox_core.message import State
 from outbox_core.schema import in_state
@@ -52,6 +53,7 @@ class PostgresqlPartitions(PartitionStatements):
         whole: Collection[str] = (),
         published: Collection[int] = (),
         blocked_by_leases: bool = True,
+        max_bytes: int | None = None,
     ) -> OneStatementClaim:
         """See :meth:`PartitionStatements.claim_window`."""
         d = self.dialect
@@ -82,16 +84,22 @@ class PostgresqlPartitions(PartitionStatements):
             "o_token": token,
             "o_whole": sorted(whole),
             "o_published": sorted(published),
+            "o_budget": UNBOUNDED if max_bytes is None else max_bytes,
             **d.clock_params(),
         }
         rows = conn.execute(update, params).all()
         events = sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
         if not rows:
             return OneStatementClaim(events, complete=True)
-        picked, picked_keys, keys, window = rows[0][-4:]
+        picked, picked_keys, keys, window, taken = rows[0][-5:]
         # Every chosen row was still pending: none changed hands since the window.
         return OneStatementClaim(
-            events, complete=picked == len(rows), window=window, held=keys - picked_keys, keys=keys
+            events,
+            complete=picked == len(rows),
+            window=window,
+            held=keys - picked_keys,
+            keys=keys,
+            bytes=int(taken),
         )
 
     def _claim_statement(
@@ -103,13 +111,13 @@ class PostgresqlPartitions(PartitionStatements):
         block_on_dead: bool,
         blocked_by_leases: bool,
     ) -> sa.Update:
-        """The statement of :meth:`claim_window`; its window size, limit, token,
-        and the leases to leave out are bound at execution."""
+        """The statement of :meth:`claim_window`; its window size, limit, byte budget,
+        token, and the leases to leave out are bound at execution."""
         d = self.dialect
         t = self.table
         due = (t.c.available_at <= d.clock()).label("due")
         w = (
-            sa.select(t.c.id, t.c.key, t.c.key_partition, due)
+            sa.select(t.c.id, t.c.key, t.c.key_partition, due, d.stored_size(t).label(SIZE))
             .where(in_state(t.c.state, State.PENDING), self._in_partitions(partitions))
             .order_by(t.c.id)
             .limit(sa.bindparam("o_size", type_=sa.Integer()))
@@ -124,7 +132,7 @@ class PostgresqlPartitions(PartitionStatements):
             .over(partition_by=w.c.key, order_by=w.c.id)
             .label("late")
         )
-        f = sa.select(w.c.id, w.c.key, w.c.due, run, late).cte("f")
+        f = sa.select(w.c.id, w.c.key, w.c.due, w.c[SIZE], run, late).cte("f")
         keyed: list[sa.ColumnElement[bool]] = [
             f.c.key.is_not(None),
             f.c.run <= run_length,
@@ -152,17 +160,22 @@ class PostgresqlPartitions(PartitionStatements):
                 )
             )
         keyless = sa.and_(f.c.key.is_(None), f.c.due)
-        chosen = sa.select(f.c.id, f.c.key, f.c.run).where(sa.or_(keyless, sa.and_(*keyed)))
+        chosen = sa.select(f.c.id, f.c.key, f.c.run, f.c[SIZE]).where(
+            sa.or_(keyless, sa.and_(*keyed))
+        )
         if partitions is not None:
             # A row an earlier version wrote has no partition: which relay owns
             # it is computed from its key in Python. None in the window: leave
             # this claim to the Python path.
             chosen = chosen.where(~sa.exists().where(w.c.key_partition.is_(None)))
-        p = chosen.order_by(f.c.id).limit(sa.bindparam("o_limit", type_=sa.Integer())).cte("p")
+        q = chosen.order_by(f.c.id).limit(sa.bindparam("o_limit", type_=sa.Integer())).cte("q")
+        # Of the first o_limit rows chosen, those the byte budget keeps: pick
+        # stops at the limit or once the rows it took reach the budget.
+        p = within_budget(q, budget_param(None), "key", "run", SIZE).cte("p")
         # What the relay learns from the window (each computed once, over the
         # materialized CTEs): rows chosen, keys they start (their first row in
-        # the window has run 1), the window's keys, and its rows. Keyless rows
-        # are no key: they never hold anything back.
+        # the window has run 1), the window's keys, its rows, and the bytes
+        # taken. Keyless rows are no key: they never hold anything back.
         counts = [
             sa.select(sa.func.count()).select_from(p).scalar_subquery().label("o_picked"),
             sa.select(sa.func.count())
@@ -176,6 +189,11 @@ class PostgresqlPartitions(PartitionStatements):
             .scalar_subquery()
             .label("o_keys"),
             sa.select(sa.func.count()).select_from(w).scalar_subquery().label("o_window"),
+            sa.select(sa.func.coalesce(sa.func.sum(p.c[SIZE]), 0))
+            .select_from(p)
+            .correlate(None)
+            .scalar_subquery()
+            .label("o_taken"),
         ]
         token = sa.bindparam("o_token", type_=t.c.lease_owner.type)
         return (

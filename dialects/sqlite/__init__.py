@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Parts, ReturningDialect, ServerInfo
+from outbox_core.dialects.base.budget import SIZE, budget_param, within_budget
 from outbox_core.dialects.sqlite.inbox import SqliteInbox
 from outbox_core.dialects.sqlite.session import SqliteSession
 from outbox_core.dialects.sqlite.storage import SqliteStorage
@@ -60,6 +61,16 @@ class SqliteDialect(ReturningDialect):
                 "or newer (UPDATE ... RETURNING)"
             )
 
+    def stored_size(self, o: sa.FromClause) -> sa.ColumnElement[int]:
+        """``length(CAST(payload AS BLOB))`` and the headers': bytes of the UTF-8 JSON text
+        (``length()`` of text counts characters)."""
+        c = o.c
+        return sa.func.length(sa.cast(c.payload, sa.LargeBinary), type_=sa.Integer()) + (
+            sa.func.coalesce(
+                sa.func.length(sa.cast(c.headers, sa.LargeBinary), type_=sa.Integer()), 0
+            )
+        )
+
     def install(self, conn: Connection) -> None:
         """Create the tables and switch a file database to WAL (persistent)."""
         if conn.in_transaction():
@@ -78,23 +89,32 @@ class SqliteDialect(ReturningDialect):
         ordered: bool,
         window: sa.ColumnElement[bool] | None = None,
         block_on_dead: bool = True,
+        max_bytes: int | sa.BindParameter[int] | None = None,
     ) -> sa.Update:
         """``UPDATE ... WHERE id IN (SELECT id ... LIMIT n) RETURNING``.
 
         The IN-subquery form is safe here: the write lock taken by ``BEGIN
         IMMEDIATE`` means nothing changes between the subquery and the update.
+        With a byte budget, the ids the budget keeps of those (window
+        functions: SQLite 3.25), each row returned with its stored size last.
         """
         t = self.table
+        columns: list[sa.ColumnElement[Any]] = [t.c.id]
+        if max_bytes is not None:
+            columns.append(self.stored_size(t).label(SIZE))
         picked = (
-            sa.select(t.c.id)
+            sa.select(*columns)
             .where(*self.keys.claim_filter(t, ordered, window, block_on_dead=block_on_dead))
             .order_by(t.c.id)
             .limit(limit)
-            .scalar_subquery()
         )
+        returned = self.claim_columns(t)
+        if max_bytes is not None:
+            picked = within_budget(picked.subquery("c"), budget_param(max_bytes))
+            returned.append(self.stored_size(t).label(SIZE))
         return (
             sa.update(t)
-            .where(t.c.id.in_(picked))
+            .where(t.c.id.in_(picked.scalar_subquery()))
             .values(self.lease_values(lease=lease, token=token))
-            .returning(*self.claim_columns(t))
+            .returning(*returned)
         )

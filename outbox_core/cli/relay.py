@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 @click.option("--broker", "broker_url", help="Broker URL [env OUTBOX_BROKER_URL].")
 @broker_option
 @click.option("--batch-size", type=SettingValue("batch_size", "integer"))
+@click.option(
+    "--batch-bytes",
+    type=SettingValue("batch_bytes", "size"),
+    help="Most payload bytes per claim, e.g. 16MiB (an event larger goes alone).",
+)
 @click.option("--lease", type=SettingValue("lease", "duration"), help="Lease per claim, e.g. 30s.")
 @click.option(
     "--poll-interval", type=SettingValue("poll_interval", "duration"), help="Idle poll interval."

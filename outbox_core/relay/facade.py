@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from outbox_core.brokers.base import Broker
 from outbox_core.config import Settings
 from outbox_core.dialects.base import Dialect, SessionLimits, delete_in_batches
+from outbox_core.dialects.base.budget import Claimed
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult, Event, Outcome
 from outbox_core.redaction import redact
@@ -210,6 +211,7 @@ class Relay(Closing):
                 token=token,
                 run_length=s.run_length,
                 block_on_dead=s.block_on_dead,
+                max_bytes=s.batch_bytes,
             )
         elif s.ordered and s.run_length > 1:
             events = self.connections.call(
@@ -220,6 +222,7 @@ class Relay(Closing):
                 token=token,
                 run_length=s.run_length,
                 block_on_dead=s.block_on_dead,
+                max_bytes=s.batch_bytes,
             )
         else:
             events = self.connections.call(
@@ -230,9 +233,15 @@ class Relay(Closing):
                 token=token,
                 ordered=s.ordered,
                 block_on_dead=s.block_on_dead,
+                max_bytes=s.batch_bytes,
             )
         claim.events = events
-        claim.more = claim.more or len(events) >= self.batch_size
+        # A full batch, in events or in bytes: more is waiting.
+        claim.more = (
+            claim.more
+            or len(events) >= self.batch_size
+            or (isinstance(events, Claimed) and events.full(s.batch_bytes))
+        )
         if events:
             self.leases.track(claim)
         for observer in self.observers:

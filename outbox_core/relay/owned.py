@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Dialect
+from outbox_core.dialects.base.budget import UNBOUNDED
 from outbox_core.dialects.base.partitioned import WindowRow, fold_key
 from outbox_core.message import Event
 from outbox_core.partitions import PARTITIONS, parse, partition_of
@@ -71,6 +72,12 @@ class Picked:
     waiting: int = 0
     #: Rows of the last window read before the limit was reached (all of it if not).
     scanned: int = 0
+    #: Stored bytes of the rows chosen (what the byte budget counts).
+    bytes: int = 0
+
+    def full(self, limit: int, max_bytes: int) -> bool:
+        """The rows chosen fill the batch: ``limit`` rows, or ``max_bytes`` bytes."""
+        return len(self.ids) >= limit or self.bytes >= max_bytes
 
 
 def pick(
@@ -83,6 +90,7 @@ def pick(
     run_length: int,
     into: Picked | None = None,
     fold: Callable[[str], str] | None = None,
+    max_bytes: int = UNBOUNDED,
 ) -> Picked:
     """Choose the rows of ``window`` (id order) a claim may lease, at most ``limit`` in all.
 
@@ -90,14 +98,17 @@ def pick(
     earlier of it is unsent: not when one of its rows is ``leased`` (in
     flight anywhere), not past its first ``dead`` row, not past a pending row
     that is not due yet (a retry's backoff), and at most ``run_length`` rows
-    per claim. Rows without a key are taken when due. ``into`` carries what
-    an earlier page of the same claim learnt. ``fold``: how ``dead``'s keys
-    were folded (a case-insensitive collation's grouping).
+    per claim. Rows without a key are taken when due. The choice stops at
+    ``limit`` rows, or once the rows chosen reach ``max_bytes`` stored bytes
+    (the byte budget: the first row is always taken, and no key's later row
+    without its earlier one). ``into`` carries what an earlier page of the
+    same claim learnt. ``fold``: how ``dead``'s keys were folded (a
+    case-insensitive collation's grouping).
     """
     out = into if into is not None else Picked()
     out.scanned = len(window)
     for index, row in enumerate(window):
-        if len(out.ids) >= limit:
+        if len(out.ids) >= limit or out.bytes >= max_bytes:
             out.scanned = index
             break
         if not mine(row):
@@ -106,6 +117,7 @@ def pick(
         if key is None:
             if row.due:
                 out.ids.append(row.id)
+                out.bytes += row.size
             continue
         if key in out.blocked:
             out.waiting += key not in out.stuck
@@ -127,6 +139,7 @@ def pick(
             continue
         out.taken[key] = count + 1
         out.ids.append(row.id)
+        out.bytes += row.size
     return out
 
 
@@ -322,8 +335,10 @@ class OwnedClaims:
         token: str,
         run_length: int,
         block_on_dead: bool,
+        max_bytes: int | None = None,
     ) -> tuple[list[Event], bool]:
-        """Lease up to ``limit`` events of this relay's partitions, keys in order.
+        """Lease up to ``limit`` events of this relay's partitions, keys in order, within the
+        byte budget ``max_bytes`` (None: none; see :mod:`~outbox_core.dialects.base.budget`).
 
         Also returns whether pending events were left behind (keys in
         flight, past their run, or past the rows read): the relay claims
@@ -331,6 +346,7 @@ class OwnedClaims:
         first (joining on the first claim), and reports the batch
         :meth:`published` and :meth:`settled`.
         """
+        budget = UNBOUNDED if max_bytes is None else max_bytes
         if 0 < 2 * len(self._parsed[1]) <= PARTITIONS:
             # A relay among others (at most half the partitions): the fleet is
             # the parallelism; one claim in its whole share takes twice the keys
@@ -346,28 +362,32 @@ class OwnedClaims:
             # once (one window, one lease), not lane by lane.
             lanes += self.lanes.take_all_free()
         events: list[Event] = []
+        spent = 0
         more = committed = False
         try:
             with self.dialect.transaction(conn):
                 owned = self._own_share(conn)
                 reading = lanes
                 while owned is not None and reading:
-                    got, left = self._claim_lanes(
-                        conn, owned, reading, limit - len(events), lease, token,
-                        run_length, block_on_dead,
+                    # Each read gets what is left of the batch, in rows and bytes.
+                    got, left, used = self._claim_lanes(
+                        conn, owned, reading, (limit - len(events), budget - spent), lease,
+                        token, run_length, block_on_dead,
                     )  # fmt: skip
                     events += got
+                    spent += used
                     more = more or left
                     # A lane that yields little (the table grew quiet): read the
                     # other free lanes too, or their events wait for the next poll.
-                    reading = self.lanes.take_all_free() if 2 * len(events) < limit else []
+                    small = 2 * len(events) < limit and spent < budget
+                    reading = self.lanes.take_all_free() if small else []
                     lanes += reading
             committed = True
         finally:
             # After the commit (or the rollback): only then may another claim
             # read these lanes. A failed claim leased nothing.
             self.lanes.hold(lanes, token if events and committed else None)
-        self._quiet = 2 * len(events) < limit
+        self._quiet = 2 * len(events) < limit and spent < budget
         if len(lanes) > 1:
             events.sort(key=lambda e: e.id)
         # A busy lane filled half the batch; the other lanes were not read:
@@ -391,58 +411,65 @@ class OwnedClaims:
         conn: Connection,
         owned_all: frozenset[int],
         lanes: Sequence[int],
-        limit: int,
+        left: tuple[int, int],
         lease: float,
         token: str,
         run_length: int,
         block_on_dead: bool,
-    ) -> tuple[list[Event], bool]:
+    ) -> tuple[list[Event], bool, int]:
+        """The events leased in ``lanes`` within ``left`` (rows, bytes), whether pending
+        rows were left behind, and the stored bytes leased."""
         # The share cannot change while this claim runs (a rebalance waits for
         # the row lock own_share took), so concurrent lanes stay disjoint.
         owned = self.lanes.share(owned_all, lanes)
         if not owned:
-            return [], False
+            return [], False, 0
         # Owning every partition: no filter (and no hashing).
         partitions = None if len(owned) == PARTITIONS else sorted(owned)
         where = tuple(sorted(lanes))
+        limit, max_bytes = left
         first: list[Event] = []
+        first_bytes = 0
         if self.statements.claims_in_one and self._in_one.get(where, True):
-            first, told, more = self._claim_in_one(
-                conn, partitions, where, limit, lease, token, run_length, block_on_dead
+            first, told, more, first_bytes = self._claim_in_one(
+                conn, partitions, where, left, lease, token, run_length, block_on_dead
             )
             if told:
-                return first, more
+                return first, more, first_bytes
         # Keys held back, or a crowded window due a look past: the Python path
         # takes the rest, looking past keys in flight or stuck (the
         # statement's rows are leased now: their keys wait).
-        picked, more = self._pick(
-            conn, partitions, owned, limit - len(first), run_length, block_on_dead, where
+        rest = (limit - len(first), max_bytes - first_bytes)
+        picked, more, picked_bytes = self._pick(
+            conn, partitions, owned, rest, run_length, block_on_dead, where
         )
         if not picked:
-            return first, more or bool(first)
+            return first, more or bool(first), first_bytes
         events = self.statements.lease(conn, sorted(picked), lease=lease, token=token)
         if len(events) < len(picked):
             events = self._keep_prefixes(conn, picked, events, token)
         if first:
             events = sorted(first + events, key=lambda e: e.id)
-        return events, more or bool(first)
+        return events, more or bool(first), first_bytes + picked_bytes
 
     def _claim_in_one(
         self,
         conn: Connection,
         partitions: Sequence[int] | None,
         lanes: tuple[int, ...],
-        limit: int,
+        left: tuple[int, int],
         lease: float,
         token: str,
         run_length: int,
         block_on_dead: bool,
-    ) -> tuple[list[Event], bool, bool]:
+    ) -> tuple[list[Event], bool, bool, int]:
         """The lanes' first window chosen and leased in one statement, whether that is all
-        this claim can take in them (else the Python path reads on), and whether pending
-        rows were left behind (a full batch, rows past the window, keys past their run).
+        this claim can take in them (else the Python path reads on), whether pending
+        rows were left behind (a full batch, rows past the window, keys past their run),
+        and the stored bytes leased.
 
-        It is all where it filled half a batch, or where no key of the window
+        It is all where it filled half a batch or the byte budget (``left``: rows
+        and bytes), or where no key of the window
         was held back (in flight, dead, not due) and it is not time to look
         past a window that a few keys fill: every key gave its run. A relay
         among several owns few keys (at run length 1 a claim takes one event
@@ -452,6 +479,7 @@ class OwnedClaims:
         path takes the rest of this claim, looking past those keys, and the
         next claims in these lanes, until one is all.
         """
+        limit, max_bytes = left
         published, whole = self.published_ids()
         size = min(self._page.get(lanes, 2 * limit), 2 * limit)
         claim = self.statements.claim_window(
@@ -465,7 +493,9 @@ class OwnedClaims:
             block_on_dead=block_on_dead,
             whole=whole,
             published=published,
+            max_bytes=max_bytes,
         )
+        full = claim.bytes >= max_bytes
         # A few keys fill the window (a deep backlog, or a relay's few keys
         # coming round again): keys past it wait behind them unless the
         # Python path looks past, which it does when due (found nothing
@@ -473,10 +503,10 @@ class OwnedClaims:
         crowded = is_crowded(claim.window, size, claim.keys, limit)
         look_past = crowded and time.monotonic() >= self._look_past_at
         told = claim.complete and (
-            2 * len(claim.events) >= limit or (claim.held == 0 and not look_past)
+            2 * len(claim.events) >= limit or full or (claim.held == 0 and not look_past)
         )
         self._in_one[lanes] = told
-        if claim.window >= size and len(claim.events) < limit:
+        if claim.window >= size and len(claim.events) < limit and not full:
             # The window ran out before the batch was full: read more rows next
             # time (a size learnt from a quiet table must not stay).
             self._page[lanes] = min(2 * size, 2 * limit)
@@ -486,22 +516,24 @@ class OwnedClaims:
             # be leased without its earlier one. Give all back, unspent; the
             # Python path keeps each key's events up to the gap.
             self.statements.unlease(conn, [e.id for e in claim.events], token=token)
-            return [], False, False
+            return [], False, False, 0
         taken = len(claim.events)
-        more = taken >= limit or claim.window >= size or claim.window > taken
-        return claim.events, told, more
+        more = taken >= limit or full or claim.window >= size or claim.window > taken
+        return claim.events, told, more, claim.bytes
 
     def _pick(
         self,
         conn: Connection,
         partitions: Sequence[int] | None,
         owned: frozenset[int],
-        limit: int,
+        left: tuple[int, int],
         run_length: int,
         block_on_dead: bool,
         lanes: tuple[int, ...],
-    ) -> tuple[dict[int, str | None], bool]:
-        """The rows to lease (id -> key), and whether pending rows were left behind."""
+    ) -> tuple[dict[int, str | None], bool, int]:
+        """The rows to lease (id -> key) within ``left`` (rows, bytes), whether pending rows
+        were left behind, and their stored bytes."""
+        limit, max_bytes = left
         keys: dict[int, str | None] = {}
 
         def mine(row: WindowRow) -> bool:
@@ -556,15 +588,17 @@ class OwnedClaims:
                 run_length=run_length,
                 into=picked,
                 fold=fold_key if self.statements.keys_fold else None,
+                max_bytes=max_bytes,
             )
-            if not page and len(picked.ids) >= limit:
+            full = picked.full(limit, max_bytes)
+            if not page and full:
                 # The first page filled the batch: the next claim reads about
                 # as many rows as this one needed (each row read costs a tuple).
                 self._page[lanes] = max(MIN_PAGE, picked.scanned + picked.scanned // 4)
             if looking_past:
                 self._looked_past(found=len(picked.ids) > before)
             more = len(window) >= size
-            if len(picked.ids) >= limit or not more:
+            if full or not more:
                 break
             if (page and not fresh) or (not page and repeats and not crowded):
                 # Only keys already met, or a page of keys that come round
@@ -573,13 +607,14 @@ class OwnedClaims:
             after = window[-1].id
         # More soon: rows past the page, a full batch, or keys in flight or
         # past their run (not keys stuck on a dead event or a retry's backoff).
-        more = more or len(picked.ids) >= limit or picked.waiting > 0
-        # Back to one statement: half a batch from a window of many keys, or
-        # nothing held back (see _claim_in_one).
+        full = picked.full(limit, max_bytes)
+        more = more or full or picked.waiting > 0
+        # Back to one statement: half a batch (or the byte budget) from a window
+        # of many keys, or nothing held back (see _claim_in_one).
         self._in_one[lanes] = bool(picked.ids) and (
-            (2 * len(picked.ids) >= limit and not crowded) or not picked.held
+            ((2 * len(picked.ids) >= limit or full) and not crowded) or not picked.held
         )
-        return {i: keys[i] for i in picked.ids}, more
+        return {i: keys[i] for i in picked.ids}, more, picked.bytes
 
     def _looked_past(self, *, found: bool) -> None:
         if found:

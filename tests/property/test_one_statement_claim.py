@@ -5,12 +5,13 @@ rules into SQL (a window function for each key's run and its rows not yet
 due, ``NOT EXISTS`` for leased and dead rows). Hypothesis draws tables of
 pending, leased and dead rows over a few keys (some not due, some leased by
 tokens whose batches the broker confirmed, some rows confirmed one by one),
-run lengths, limits, window sizes and partition filters; for each, the
-statement's leased ids must equal the ids ``pick`` chooses from the same
-window with the same leased keys and dead heads, and what it tells of the
-window (its rows, its keys, the keys that gave no row) must be what the
-window shows. A statement without the
-leased-key check is shown to differ.
+run lengths, limits, byte budgets over payloads of drawn sizes, window sizes
+and partition filters; for each, the statement's leased ids must equal the
+ids ``pick`` chooses from the same window with the same leased keys and dead
+heads, and what it tells of the window (its rows, its keys, the keys that
+gave no row, the bytes it took) must be what the window shows. A statement
+without the leased-key check is shown to differ, and so is one without the
+byte budget.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox_core import Outbox
+from outbox_core.dialects.base.budget import UNBOUNDED
 from outbox_core.dialects.base.partitioned import fold_key
 from outbox_core.message import State
 from outbox_core.partitions import partition_of
@@ -41,6 +43,8 @@ class Row:
     state: State
     due: bool
     token: str
+    #: Characters of the payload's one string (its stored size follows).
+    chars: int = 0
 
 
 rows_ = st.lists(
@@ -52,6 +56,7 @@ rows_ = st.lists(
         ),
         due=st.booleans() | st.just(True),
         token=st.sampled_from(TOKENS),
+        chars=st.integers(0, 300),
     ),
     max_size=30,
 )
@@ -67,6 +72,7 @@ class Case:
     size: int
     block_on_dead: bool
     lower_half: bool
+    max_bytes: int | None = None
 
 
 cases = st.builds(
@@ -79,6 +85,7 @@ cases = st.builds(
     size=st.integers(1, 30),
     block_on_dead=st.booleans(),
     lower_half=st.booleans(),
+    max_bytes=st.none() | st.integers(1, 1500),
 )
 
 
@@ -96,14 +103,16 @@ def fill(outbox: Outbox, case: Case) -> list[int]:
     ids: list[int] = []
     with outbox.engine.begin() as conn:
         conn.execute(sa.delete(t))
-        for row in case.rows:
-            event_id = str(uuid.uuid4())
+        for index, row in enumerate(case.rows):
+            # From the row's place: a keyless row's partition (from its event
+            # id) is the same each time hypothesis replays the case.
+            event_id = str(uuid.uuid5(uuid.NAMESPACE_OID, str(index)))
             values = {
                 "event_id": event_id,
                 "topic": "one.t",
                 "key": row.key,
                 "key_partition": partition_of(row.key, event_id),
-                "payload": {},
+                "payload": {"p": "x" * row.chars} if row.chars else {},
                 "state": int(row.state),
                 "attempts": 1 if row.state == State.LEASED else 0,
                 "available_at": now - timedelta(seconds=5 if row.due else -3600),
@@ -125,6 +134,8 @@ class Choice:
     window: int
     keys: int
     held: int | None
+    #: Stored bytes of the rows chosen.
+    bytes: int = 0
 
 
 def python_choice(
@@ -145,6 +156,7 @@ def python_choice(
         limit=case.limit,
         run_length=case.run_length,
         fold=fold_key if st_.keys_fold else None,
+        max_bytes=UNBOUNDED if case.max_bytes is None else case.max_bytes,
     )
     # Each key's first row in the window (keyless rows are no key).
     firsts: dict[str, int] = {}
@@ -153,7 +165,9 @@ def python_choice(
             firsts.setdefault(row.key, row.id)
     started = len(set(chosen.ids) & set(firsts.values()))
     held = len(firsts) - started if chosen.ids else None
-    return Choice(sorted(chosen.ids), len(window), len(firsts) if chosen.ids else 0, held)
+    return Choice(
+        sorted(chosen.ids), len(window), len(firsts) if chosen.ids else 0, held, chosen.bytes
+    )
 
 
 def sql_choice(
@@ -163,6 +177,7 @@ def sql_choice(
     published: set[int],
     *,
     blocked_by_leases: bool = True,
+    budget: bool = True,
 ) -> Choice:
     with outbox.engine.connect() as conn, conn.begin() as tx:
         claim = outbox.dialect.partitions.claim_window(
@@ -177,12 +192,13 @@ def sql_choice(
             whole=case.whole,
             published=published,
             blocked_by_leases=blocked_by_leases,
+            max_bytes=case.max_bytes if budget else None,
         )
         tx.rollback()  # the table stays as drawn
     assert claim.complete
     # Nothing leased: the statement returned no row to tell its window by.
     window = claim.window if claim.events else len_window(outbox, case, partitions)
-    return Choice([e.id for e in claim.events], window, claim.keys, claim.held)
+    return Choice([e.id for e in claim.events], window, claim.keys, claim.held, claim.bytes)
 
 
 def len_window(outbox: Outbox, case: Case, partitions: list[int] | None) -> int:
@@ -191,13 +207,29 @@ def len_window(outbox: Outbox, case: Case, partitions: list[int] | None) -> int:
         return len(st_.pending_window(conn, partitions, after=0, limit=case.size))
 
 
-def check(outbox: Outbox, case: Case, *, blocked_by_leases: bool = True) -> None:
+def stored_sizes(outbox: Outbox, ids: list[int]) -> list[int]:
+    """The stored bytes of the rows ``ids``, in id order, as the dialect counts them."""
+    t = outbox.table
+    query = sa.select(outbox.dialect.stored_size(t)).where(t.c.id.in_(ids)).order_by(t.c.id)
+    with outbox.engine.connect() as conn:
+        return [int(n) for n in conn.execute(query).scalars()]
+
+
+def check(
+    outbox: Outbox, case: Case, *, blocked_by_leases: bool = True, budget: bool = True
+) -> None:
     ids = fill(outbox, case)
     published = {ids[i] for i in case.published if i < len(ids)}
     partitions = list(range(128)) if case.lower_half else None
     expected = python_choice(outbox, case, partitions, published)
-    got = sql_choice(outbox, case, partitions, published, blocked_by_leases=blocked_by_leases)
+    got = sql_choice(
+        outbox, case, partitions, published, blocked_by_leases=blocked_by_leases, budget=budget
+    )
     assert got.ids == expected.ids, f"one statement chose {got.ids}, pick chose {expected.ids}"
+    if case.max_bytes is not None and got.ids:
+        # The budget: the rows before the last one taken hold less than it.
+        sizes = stored_sizes(outbox, got.ids)
+        assert sum(sizes[:-1]) < case.max_bytes, (sizes, case.max_bytes)
     # What the relay decides by (stay in one statement, or read on in Python).
     assert got == expected, f"the statement told {got}, the window shows {expected}"
 
@@ -216,6 +248,16 @@ def test_a_statement_without_the_leased_key_check_is_caught(pg: Outbox) -> None:
     @given(case=cases)
     def run(case: Case) -> None:
         check(pg, case, blocked_by_leases=False)
+
+    with pytest.raises(AssertionError, match="one statement chose"):
+        run()
+
+
+def test_a_statement_without_the_byte_budget_is_caught(pg: Outbox) -> None:
+    @settings(max_examples=300)
+    @given(case=cases)
+    def run(case: Case) -> None:
+        check(pg, case, budget=False)
 
     with pytest.raises(AssertionError, match="one statement chose"):
         run()

@@ -85,6 +85,8 @@ BAD_FLAGS = [
     ["relay", "--broker", "memory://b", "--lease", "1" * 309],
     ["relay", "--broker", "memory://b", "--lease", "nan"],
     ["relay", "--broker", "memory://b", "--batch-size", "1.5"],
+    ["relay", "--broker", "memory://b", "--batch-bytes", "16 parsecs"],
+    ["relay", "--broker", "memory://b", "--batch-bytes", "0"],
     ["relay", "--broker", "memory://b", "--poll-interval", "inf"],
     ["cleanup", "--older-than", "inf"],
     ["doctor", "--dead-tuple-ratio", "nan"],
@@ -108,7 +110,7 @@ BAD_TOML = {
     "poll_interval = inf": "poll_interval",
     "batch_size = 1.5": "batch_size",
     "cleanup_after = inf": "cleanup_after",
-    "reap_interval = \"-5s\"": "reap_interval",
+    'reap_interval = "-5s"': "reap_interval",
     'lease = "30d"': "lease",
 }
 
@@ -135,3 +137,25 @@ def test_a_toml_file_that_is_not_utf8_is_the_toolkits_error(tmp_path: Path) -> N
     assert result.exit_code == 2
     assert isinstance(result.exception, SystemExit), result.exception
     assert "is not UTF-8" in result.output
+
+
+@pytest.mark.parametrize(("given", "expected"), [("16MiB", 16 * 2**20), ("512KiB", 2**19)])
+def test_relay_batch_bytes_takes_a_size(
+    given: str, expected: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--batch-bytes 16MiB`` (docs: reference/cli.md) bounds a claim's bytes."""
+    from outbox_core.outbox import Outbox
+
+    seen: dict[str, Any] = {}
+
+    def relay(self: Outbox, broker_url: str, *, settings: Any, **_: Any) -> None:
+        seen["settings"] = settings
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(Outbox, "relay", relay)
+    db = f"sqlite:///{tmp_path / 'app.db'}"
+    assert CliRunner().invoke(main, ["install", "--db", db]).exit_code == 0
+    args = ["relay", "--db", db, "--broker", "memory://b", "--once", "--batch-bytes", given]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert seen["settings"].batch_bytes == expected

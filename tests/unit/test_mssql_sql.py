@@ -288,7 +288,7 @@ def test_the_partitioned_claim_reads_a_window_and_leases_without_output() -> Non
     recorder = Recorder(
         [],  # leased keys
         [],  # dead keys
-        [(1, "a", 7, None, 1), (2, "a", 7, None, 1), (3, "b", 9, None, 0)],
+        [(1, "a", 7, None, 1, 40), (2, "a", 7, None, 1, 40), (3, "b", 9, None, 0, 2)],
         [],  # the read-back by token
     )
     conn: Any = recorder
@@ -296,10 +296,10 @@ def test_the_partitioned_claim_reads_a_window_and_leases_without_output() -> Non
     assert parts.leased_keys(conn, [7, 9]) == []
     assert parts.dead_heads(conn, [7, 9]) == {}
     window = parts.pending_window(conn, [7, 9], after=0, limit=10, skip_keys=["z"])
-    assert [(r.id, r.key, r.due) for r in window] == [
-        (1, "a", True),
-        (2, "a", True),
-        (3, "b", False),
+    assert [(r.id, r.key, r.due, r.size) for r in window] == [
+        (1, "a", True, 40),
+        (2, "a", True, 40),
+        (3, "b", False, 2),
     ]
     parts.lease(conn, [1, 2], lease=30, token="t")
     leased, dead, page, update, read_back = recorder.sent
@@ -309,6 +309,8 @@ def test_the_partitioned_claim_reads_a_window_and_leases_without_output() -> Non
     assert "GROUP BY outbox.[key]" in dead
     assert page.startswith("SELECT TOP") and "ORDER BY outbox.id" in page
     assert "NOT IN" in page
+    # Each row's stored bytes for the byte budget, not its payload.
+    assert "datalength(outbox.payload)" in page and "outbox.payload," not in page
     assert update.startswith("UPDATE outbox SET state=") and "OUTPUT" not in update
     assert update.endswith("AND outbox.state = 0")
     assert "lease_owner = :lease_owner_1" in read_back
