@@ -184,3 +184,20 @@ def test_every_documented_command_parses(block: object, words: list[str]) -> Non
         _parse(words)
     except click.ClickException as exc:
         pytest.fail(f"{' '.join(words)}: {exc.format_message()}")
+
+
+def test_the_changelog_says_what_this_version_changed() -> None:
+    """Keep a Changelog: the version pyproject.toml declares has a section of its own."""
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert "## [Unreleased]" in changelog
+    section = re.search(
+        rf"^## \[{re.escape(version.group(1))}\] - \d{{4}}-\d{{2}}-\d{{2}}\n(.*?)(?=^## \[)",
+        changelog,
+        re.S | re.M,
+    )
+    assert section, f"CHANGELOG.md has no section for {version.group(1)}"
+    assert re.search(
+        r"^### (Added|Changed|Fixed|Removed|Deprecated|Security)", section.group(1), re.M
+    )
