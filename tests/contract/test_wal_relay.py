@@ -29,6 +29,7 @@ Covered:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -44,7 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
@@ -115,12 +116,22 @@ class Feed:
         return facts.confirmed_flush_lsn or 0
 
 
-@pytest.fixture
-def feed(logical_server: PrivatePostgres) -> Iterator[Feed]:
-    outbox = Outbox(logical_server.url, table=f"wr_{uuid.uuid4().hex[:10]}")
+F = TypeVar("F", bound=Feed)
+
+
+@contextlib.contextmanager
+def installed_feed(
+    kind: type[F], logical_server: PrivatePostgres, prefix: str, **engine_options: Any
+) -> Iterator[F]:
+    """A fresh outbox table with its publication and slot; relays stopped, all dropped after."""
+    outbox = Outbox(
+        logical_server.url,
+        table=f"{prefix}_{uuid.uuid4().hex[:10]}",
+        engine_options=engine_options or None,
+    )
     outbox.install()
     install_wal(outbox, outbox.settings)
-    made = Feed(logical_server, outbox)
+    made = kind(logical_server, outbox)
     try:
         yield made
     finally:
@@ -131,6 +142,12 @@ def feed(logical_server: PrivatePostgres) -> Iterator[Feed]:
         retry(lambda: uninstall_wal(outbox, outbox.settings), SlotInUse, within=15)
         outbox.tables.metadata.drop_all(outbox.engine)
         outbox.dispose()
+
+
+@pytest.fixture
+def feed(logical_server: PrivatePostgres) -> Iterator[Feed]:
+    with installed_feed(Feed, logical_server, "wr") as made:
+        yield made
 
 
 def wait_for(check: Callable[[], bool], within: float, what: str) -> None:

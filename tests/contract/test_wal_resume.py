@@ -40,7 +40,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,11 +47,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from outbox_core import Outbox
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.cli.wal import install_wal, uninstall_wal, wal_relay
+from outbox_core.cli.wal import install_wal, wal_relay
 from outbox_core.dialects.postgresql.wal import (
-    SlotInUse,
     StreamStart,
     drop_slot,
     parse_lsn,
@@ -63,9 +60,9 @@ from outbox_core.message import Event, Outcome
 from outbox_core.relay.wal import WalRelay
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 from tests.contract.test_wal_relay import Feed as RelayFeed
-from tests.contract.test_wal_relay import wait_for
+from tests.contract.test_wal_relay import installed_feed, wait_for
 from tests.faults.private_servers import PrivatePostgres
-from tests.support import outbox_cli, retry
+from tests.support import outbox_cli
 
 pytestmark = pytest.mark.needs_server
 
@@ -114,24 +111,8 @@ class Feed(RelayFeed):
 @pytest.fixture
 def feed(logical_server: PrivatePostgres) -> Iterator[Feed]:
     # pool_pre_ping: the crashes leave the pool's connections dead.
-    outbox = Outbox(
-        logical_server.url,
-        table=f"wres_{uuid.uuid4().hex[:10]}",
-        engine_options={"pool_pre_ping": True},
-    )
-    outbox.install()
-    install_wal(outbox, outbox.settings)
-    made = Feed(logical_server, outbox)
-    try:
+    with installed_feed(Feed, logical_server, "wres", pool_pre_ping=True) as made:
         yield made
-    finally:
-        for relay in made.relays:
-            relay.stop()
-        for thread in made.threads:
-            thread.join(30)
-        retry(lambda: uninstall_wal(outbox, outbox.settings), SlotInUse, within=15)
-        outbox.tables.metadata.drop_all(outbox.engine)
-        outbox.dispose()
 
 
 def delivered(queue: MemoryQueue) -> list[str]:

@@ -51,10 +51,8 @@ def test_every_database_command_takes_the_same_database_options() -> None:
         assert options(name) == expected, name
 
 
-def test_relay_backoff_flags_reach_the_settings(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """``--backoff-base`` and ``--backoff-cap`` (docs: reference/cli.md) set the retry backoff."""
+def relay_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) -> Any:
+    """The settings ``outbox relay FLAGS`` hands its relay (which is not run)."""
     from outbox_core.outbox import Outbox
 
     seen: dict[str, Any] = {}
@@ -66,11 +64,19 @@ def test_relay_backoff_flags_reach_the_settings(
     monkeypatch.setattr(Outbox, "relay", relay)
     db = f"sqlite:///{tmp_path / 'app.db'}"
     assert CliRunner().invoke(main, ["install", "--db", db]).exit_code == 0
-    args = ["relay", "--db", db, "--broker", "memory://b", "--once"]
-    args += ["--backoff-base", "2s", "--backoff-cap", "5m"]
+    args = ["relay", "--db", db, "--broker", "memory://b", "--once", *flags]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert (seen["settings"].backoff_base, seen["settings"].backoff_cap) == (2.0, 300.0)
+    return seen["settings"]
+
+
+def test_relay_backoff_flags_reach_the_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--backoff-base`` and ``--backoff-cap`` (docs: reference/cli.md) set the retry backoff."""
+    flags = ("--backoff-base", "2s", "--backoff-cap", "5m")
+    settings = relay_settings(monkeypatch, tmp_path, *flags)
+    assert (settings.backoff_base, settings.backoff_cap) == (2.0, 300.0)
 
 
 # -- bad input is a usage error, never a traceback --------------------------------------------
@@ -144,18 +150,5 @@ def test_relay_batch_bytes_takes_a_size(
     given: str, expected: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``--batch-bytes 16MiB`` (docs: reference/cli.md) bounds a claim's bytes."""
-    from outbox_core.outbox import Outbox
-
-    seen: dict[str, Any] = {}
-
-    def relay(self: Outbox, broker_url: str, *, settings: Any, **_: Any) -> None:
-        seen["settings"] = settings
-        raise click.exceptions.Exit(0)
-
-    monkeypatch.setattr(Outbox, "relay", relay)
-    db = f"sqlite:///{tmp_path / 'app.db'}"
-    assert CliRunner().invoke(main, ["install", "--db", db]).exit_code == 0
-    args = ["relay", "--db", db, "--broker", "memory://b", "--once", "--batch-bytes", given]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    assert seen["settings"].batch_bytes == expected
+    settings = relay_settings(monkeypatch, tmp_path, "--batch-bytes", given)
+    assert settings.batch_bytes == expected
