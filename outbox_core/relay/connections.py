@@ -128,7 +128,7 @@ class Connections:
                     self.dialect.check_ordered(conn)  # UnsupportedDatabase ends run()
                     self.ordered_checked = True
             except BaseException:
-                conn.close()
+                self._close(conn, broken=True)  # not back to the pool: its reset would fail
                 raise
         self._idle_limit = self.dialect.session.idle_limit(self.limits)
         with self._lock:
@@ -290,9 +290,13 @@ class Connections:
             log.debug("closing a broken connection failed", exc_info=True)
 
     def close_all(self) -> None:
-        """Close every thread's connection."""
+        """Close every thread's connection.
+
+        While the database is down they are discarded, not returned to the
+        pool, whose reset (a ROLLBACK) on a dead connection logs a traceback.
+        """
         with self._lock:
             conns = list(self._open)
         for conn in conns:
-            self._close(conn)
+            self._close(conn, broken=not self.state.up)
         self._local = threading.local()
