@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.conftest import BACKENDS, _probe, server_url, unavailable
 from tests.contract.test_wal_stream import LOGICAL, private_postgres
 from tests.faults.private_servers import PrivatePostgres
+
+if TYPE_CHECKING:
+    from tests.kafka_mock import Cluster
 
 
 @pytest.fixture(scope="module")
@@ -19,3 +25,27 @@ def logical_server() -> Iterator[PrivatePostgres]:
         yield pg
     finally:
         pg.remove()
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> str:
+    """The test PostgreSQL's URL (skipped when not selected; down: fails under CI=true)."""
+    if "postgresql" not in BACKENDS:
+        pytest.skip("postgresql not in OUTBOX_TEST_BACKENDS")
+    url = server_url("postgresql", tmp_path)
+    if url is None:
+        pytest.skip("postgresql: no test URL")
+    reason = _probe(url)
+    if reason is not None:
+        unavailable("postgresql", reason)
+    return url
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """The mock cluster, or the real Kafka at ``OUTBOX_TEST_KAFKA_URL`` (compatibility workflow)."""
+    from tests.kafka_mock import kafka_cluster
+
+    made = kafka_cluster()
+    yield made
+    made.close()

@@ -55,7 +55,7 @@ from outbox_core.retry import RetryPolicy
 from tests.conftest import async_url
 from tests.contract.broker_fixtures import SECRET, RabbitState, require_rabbitmq
 from tests.contract.stream_fixtures import NatsStream, RedisStreams, require_nats, require_redis
-from tests.kafka_mock import Cluster, kafka_cluster
+from tests.kafka_mock import Cluster
 
 pytestmark = pytest.mark.needs_server
 
@@ -411,13 +411,6 @@ def test_rabbitmq_consumer_rejects_messages_it_cannot_deduplicate(
 
 
 # -- Kafka (librdkafka's mock cluster) ---------------------------------------------------
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    made = kafka_cluster()
-    yield made
-    made.close()
 
 
 class CheckedKafka:

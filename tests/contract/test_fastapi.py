@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from outbox_core import Outbox
 from outbox_core.brokers.memory import get_queue
-from tests.conftest import BACKENDS, _probe, in_ci, server_url, unavailable
+from tests.conftest import in_ci
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "fastapi_example.py"
 
@@ -42,19 +42,6 @@ def _example() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def pg_url(tmp_path: Path) -> str:
-    if "postgresql" not in BACKENDS:
-        pytest.skip("postgresql not in OUTBOX_TEST_BACKENDS")
-    url = server_url("postgresql", tmp_path)
-    if url is None:
-        pytest.skip("postgresql: no test URL")
-    reason = _probe(url)
-    if reason is not None:
-        unavailable("postgresql", reason)
-    return url
 
 
 @pytest.fixture

@@ -38,20 +38,12 @@ from outbox_core.message import Event, OutcomeKind
 from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
 from outbox_core.testing.broker_contract import Harness, kinds
 from tests.contract.broker_fixtures import TRACEPARENT, make_event
-from tests.kafka_mock import Cluster, RealCluster, Record, kafka_cluster, read_all
+from tests.kafka_mock import Cluster, RealCluster, Record, read_all
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
 DOWN = OutcomeKind.UNAVAILABLE
 #: Over librdkafka's default message.max.bytes (1,000,000).
 TOO_LARGE = {"blob": "x" * 1_100_000}
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    """The mock cluster, or the real Kafka at ``OUTBOX_TEST_KAFKA_URL`` (compatibility workflow)."""
-    made = kafka_cluster()
-    yield made
-    made.close()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ import sqlalchemy as sa
 from outbox_core import Outbox, State
 from tests.contract.relay_kills import busy_relay, reclaimed
 from tests.contract.test_end_to_end import produce
-from tests.kafka_mock import Cluster, RealCluster, kafka_cluster, read_all
+from tests.kafka_mock import Cluster, RealCluster, read_all
 
 #: A consumer in another process, with kafka-python: every record of the topic as JSON lines.
 KAFKA_PYTHON_READER = r"""
@@ -58,14 +57,6 @@ consumer.close()
 
 def outbox_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "outbox_core.cli", *args]
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    """The mock cluster, or the real Kafka at ``OUTBOX_TEST_KAFKA_URL`` (compatibility workflow)."""
-    made = kafka_cluster()
-    yield made
-    made.close()
 
 
 def start_relay(db_url: str, table: str, cluster: Cluster, *extra: str) -> subprocess.Popen[str]:

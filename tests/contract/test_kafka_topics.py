@@ -27,19 +27,11 @@ from outbox_core.brokers.kafka.topics import Topics
 from outbox_core.message import Event, Outcome, OutcomeKind
 from outbox_core.testing.broker_contract import kinds
 from tests.contract.broker_fixtures import make_event
-from tests.kafka_mock import Cluster, MockAdmin, kafka_cluster, read_all, topic_layout
+from tests.kafka_mock import Cluster, MockAdmin, read_all, topic_layout
 
 OK, RETRY, DOWN = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.UNAVAILABLE
 #: The client's side of a cluster that does not create topics on first use.
 NO_AUTO_CREATE = {"allow.auto.create.topics": "false"}
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    """The mock cluster, or the real Kafka at ``OUTBOX_TEST_KAFKA_URL`` (compatibility workflow)."""
-    made = kafka_cluster()
-    yield made
-    made.close()
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +34,6 @@ from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import CycleResult, Outcome
 from outbox_core.relay import Relay
 from outbox_core.relay.leases import Claim
-from tests.conftest import BACKENDS, _probe, server_url, unavailable
 
 KEYS = 200
 ROUNDS = 10
@@ -66,19 +64,6 @@ ROWS_READ = sa.text(
 #: (ordering, one-statement claims): the partitioned claim in one statement, its
 #: Python path (windows read, then leased), and head-of-key claims.
 WAYS = [("partitions", True), ("partitions", False), ("heads", True)]
-
-
-@pytest.fixture
-def pg_url(tmp_path: Path) -> str:
-    if "postgresql" not in BACKENDS:
-        pytest.skip("postgresql not in OUTBOX_TEST_BACKENDS")
-    url = server_url("postgresql", tmp_path)
-    if url is None:
-        pytest.skip("postgresql: no test URL")
-    reason = _probe(url)
-    if reason is not None:
-        unavailable("postgresql", reason)
-    return url
 
 
 @dataclass
