@@ -25,6 +25,7 @@ from outbox_core.errors import BrokerError, ConfigurationError, UnknownBroker
 from outbox_core.message import Event, Outcome
 from outbox_core.plugins import PluginBroken, PluginImportFailed, PluginNotFound, PluginRegistry
 from outbox_core.redaction import mask_url
+from outbox_core.urls import install_command
 
 
 class Broker(ABC):
@@ -142,17 +143,6 @@ REGISTRY: dict[str, str] = {
 #: name is the URL scheme, its value ``package.module:Class``.
 ENTRY_POINT_GROUP: Final = "outbox_core.brokers"
 
-_EXTRAS = {
-    "amqp": "rabbitmq",
-    "amqps": "rabbitmq",
-    "http": "webhook",
-    "https": "webhook",
-    "kafka": "kafka",
-    "nats": "nats",
-    "redis": "redis",
-    "rediss": "redis",
-}
-
 #: Built-ins, :func:`register_broker`'s classes and installed plug-ins.
 PLUGINS = PluginRegistry("broker", ENTRY_POINT_GROUP, REGISTRY)
 
@@ -204,8 +194,8 @@ def _broker_class(scheme: str, url: str) -> type[Broker]:
     try:
         loaded, where = PLUGINS.resolve(scheme)
     except PluginImportFailed as exc:
-        extra = _EXTRAS.get(scheme)
-        hint = f"; install it with: pip install 'outbox-toolkit[{extra}]'" if extra else ""
+        command = install_command(scheme)
+        hint = f"; install it with: {command}" if command else ""
         raise BrokerError(
             f"the {scheme}:// broker needs a missing package ({exc.cause}){hint}"
         ) from exc

@@ -53,6 +53,7 @@ from redis.retry import Retry
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker
+from outbox_core.brokers.converters import cloudevents_source, optional_count
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, from_values, setting
 from outbox_core.message import Event, Outcome, StoredEvent, payload_bytes
@@ -69,11 +70,11 @@ Envelope = Literal["plain", "cloudevents"]
 #: One batch. KEYS: the batch's distinct stream keys. ARGV: ttl, maxlen ("" for
 #: none), the dedup key prefix, then the events as one JSON array of
 #: [event_id, topic, key or null, payload, headers, stream's index in KEYS]:
-#: one argument instead of eight per event (redis-py's encoding of thousands of
-#: arguments was most of a batch's cost). Returns one value per event: 1 added,
-#: 2 already added (a duplicate), or the error text. The dedup keys are built
-#: here from the event ids (so one Redis, not a cluster). pcall: one event's
-#: error (WRONGTYPE, OOM) is that event's, not the batch's.
+#: one argument instead of eight per event (redis-py encodes each argument on
+#: its own; one JSON text is encoded once). Returns one value per event: 1
+#: added, 2 already added (a duplicate), or the error text. The dedup keys are
+#: built here from the event ids (so one Redis, not a cluster). pcall: one
+#: event's error (WRONGTYPE, OOM) is that event's, not the batch's.
 _SCRIPT: Final = """
 local ttl = tonumber(ARGV[1])
 local maxlen = ARGV[2]
@@ -118,22 +119,6 @@ _DOWN_ANSWERS: Final = ("READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN",
 _REJECT_ANSWERS: Final = ("WRONGTYPE", "NOPERM")
 
 
-def _as_source(value: Any, name: str) -> str:
-    return cloudevents.check_source(value)
-
-
-def _as_maxlen(value: Any, name: str) -> int | None:
-    if isinstance(value, str) and value.strip().lower() in ("", "none", "0"):
-        return None
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name}: expected a number of entries, got {value!r}") from None
-    if isinstance(value, bool) or size < 0:
-        raise ConfigurationError(f"{name}: expected a number of entries, got {value!r}")
-    return size or None
-
-
 @checked
 @dataclass(frozen=True)
 class RedisOptions:
@@ -147,7 +132,7 @@ class RedisOptions:
     stream: str | None = None
     #: Approximate cap of each stream's length in entries (``XADD MAXLEN ~``); None or
     #: 0: no trimming.
-    maxlen: int | None = setting(None, convert=_as_maxlen)
+    maxlen: int | None = setting(None, convert=optional_count("entries"))
     #: How long an added event id is remembered, so a batch published again adds no
     #: second entry: seconds (or ``1h``), cut to whole seconds; 0 disables deduplication.
     dedup_ttl: float = 3600.0
@@ -156,7 +141,7 @@ class RedisOptions:
     envelope: Envelope = "plain"
     #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
     #: with ``envelope=cloudevents`` only.
-    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=cloudevents_source)
     #: Seconds (or ``10s``) to wait for Redis's answer (redis-py's socket timeout, a
     #: batch's script included); past it the batch is unavailable (no attempt spent).
     timeout: float = setting(10.0, positive=True)

@@ -1,13 +1,13 @@
 """Standard Webhooks signing and verification, for senders and receivers alike.
 
 This module needs nothing beyond the standard library (no httpx), so a
-receiving service imports :func:`verify` without the webhook broker's
+receiving service imports :func:`verify_signature` without the webhook broker's
 dependencies::
 
-    from outbox_core.brokers.signing import WebhookVerificationError, verify
+    from outbox_core.brokers.signing import WebhookVerificationError, verify_signature
 
     try:
-        verify(secret, request.headers, raw_body)
+        verify_signature(secret, request.headers, raw_body)
     except WebhookVerificationError:
         ...  # answer 400 or 401 and drop the request
 
@@ -25,6 +25,7 @@ import binascii
 import hashlib
 import hmac
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from email.message import Message
 from typing import Final
@@ -33,12 +34,12 @@ from outbox_core.errors import ConfigurationError, OutboxError
 
 SECRET_PREFIX: Final = "whsec_"
 SIGNATURE_VERSION: Final = "v1"
-#: Default accepted clock difference for :func:`verify`, in seconds.
+#: Default accepted clock difference for :func:`verify_signature`, in seconds.
 DEFAULT_TOLERANCE: Final = 300
 
 
 class WebhookVerificationError(OutboxError, ValueError):
-    """A webhook request failed :func:`verify`: answer it with 400 or 401 and drop it."""
+    """A webhook request failed :func:`verify_signature`: answer it with 400 or 401 and drop it."""
 
 
 def decode_secret(secret: str | bytes) -> bytes:
@@ -101,7 +102,7 @@ def _header(headers: Mapping[str, str] | Message | Iterable[tuple[str, str]], na
     raise WebhookVerificationError(f"missing {name} header")
 
 
-def verify(
+def verify_signature(
     secret: str | bytes,
     headers: Mapping[str, str] | Message | Iterable[tuple[str, str]],
     body: bytes | bytearray | memoryview | str,
@@ -159,5 +160,14 @@ def verify(
         raise WebhookVerificationError("webhook-signature does not match the body")
 
 
-# ---------------------------------------------------------------------------
-# Response classification
+def __getattr__(name: str) -> object:
+    # ``verify`` was this function's name before 0.3: receivers written
+    # against it keep working, warned, until it goes.
+    if name == "verify":
+        warnings.warn(
+            "outbox_core.brokers.signing.verify is verify_signature; the old name will go",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return verify_signature
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ specification when a ``secret`` (``whsec_<base64>``) is configured:
 * ``webhook-timestamp``: when this attempt was sent, Unix seconds,
 * ``webhook-signature``: ``v1,`` + base64 HMAC-SHA256 of ``{id}.{timestamp}.{body}``.
 
-Receivers check a request with :func:`outbox_core.brokers.signing.verify`, which imports
+Receivers check a request with :func:`outbox_core.brokers.signing.verify_signature`, which imports
 nothing beyond the standard library (no httpx).
 
 Outcomes: 2xx is ``ok``; 408, 429, 5xx and a request that timed out waiting
@@ -52,6 +52,7 @@ import httpx
 
 from outbox_core.brokers import cloudevents
 from outbox_core.brokers.base import Broker
+from outbox_core.brokers.converters import cloudevents_source
 from outbox_core.brokers.signing import SIGNATURE_VERSION, decode_secret, signature
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, from_values, parse_bool, setting
@@ -104,7 +105,7 @@ def _snippet(body: bytes, encoding: str | None) -> str:
     return text[:ERROR_BODY_CHARS] + ("..." if len(text) > ERROR_BODY_CHARS else "")
 
 
-def classify(
+def classify_response(
     status: int, reason: str, headers: httpx.Headers, body: bytes, encoding: str | None = None
 ) -> Outcome:
     """The outcome of an HTTP response to a webhook POST.
@@ -171,10 +172,6 @@ def _as_secret(value: Any, name: str) -> bytes:
     return decode_secret(value)
 
 
-def _as_source(value: Any, name: str) -> str:
-    return cloudevents.check_source(value)
-
-
 @checked
 @dataclass(frozen=True)
 class WebhookOptions:
@@ -198,7 +195,7 @@ class WebhookOptions:
     envelope: Envelope = "plain"
     #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
     #: with ``envelope=cloudevents`` only.
-    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=cloudevents_source)
     #: Extra request headers, a mapping or a JSON object (``{"X-Env": "prod"}``); the
     #: content type, the ``webhook-*`` and trace headers the broker sets win over them.
     headers: Mapping[str, str] | None = setting(None, convert=_as_headers)
@@ -373,7 +370,7 @@ class WebhookBroker(Broker):
                     received += chunk
                     if len(received) >= _MAX_RESPONSE_BYTES:
                         break
-                return classify(
+                return classify_response(
                     response.status_code,
                     response.reason_phrase,
                     response.headers,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,7 @@ def _relay_thread(relay: Relay, errors: list[BaseException]) -> threading.Thread
             relay.run(install_signal_handlers=False)
         except SimulatedCrash:
             # Drop the connection without releasing anything, like a killed process.
-            relay._drop_connection()
+            relay.connections.drop()
         except BaseException as exc:  # reported in the summary
             errors.append(exc)
 
@@ -113,81 +113,90 @@ def _relay_thread(relay: Relay, errors: list[BaseException]) -> threading.Thread
     return thread
 
 
-def run_demo(
-    events: int = 400, keys: int = 12, directory: str | None = None, timeout: float = 120.0
-) -> DemoReport:
-    """Run the demo and return its report."""
-    started = time.monotonic()
-    report = DemoReport()
-    with tempfile.TemporaryDirectory(prefix="outbox-demo-", dir=directory) as tmp:
-        db = Path(tmp) / "demo.sqlite3"
-        outbox = Outbox(f"sqlite:///{db}")
-        outbox.install()
-        report.lines.append(f"database: {db} (SQLite, WAL mode)")
-        meta = sa.MetaData()
-        orders = sa.Table(
-            "orders",
-            meta,
-            sa.Column("id", sa.Integer, primary_key=True),
-            sa.Column("customer", sa.String(50), nullable=False),
-        )
-        meta.create_all(outbox.engine)
+@dataclass
+class _Written:
+    """What the business transactions wrote: committed events and rolled back ones."""
 
-        queue = MemoryQueue("demo")
-        crasher = CrashingBroker(MemoryBroker(queue))
-        knobs: dict[str, Any] = {
-            "ordered": True,
-            "batch_size": 20,
-            "lease": 1.0,  # short, so the crashed relay's claims come back quickly
-            "reap_interval": 0.25,
-            "poll_interval": 0.02,
-            "max_poll_interval": 0.2,
-        }
-        relay_a = outbox.relay(crasher, name="relay-A", **knobs)
-        relay_b = outbox.relay(MemoryBroker(queue), name="relay-B", **knobs)
-        errors: list[BaseException] = []
+    #: event_id -> (key, sequence in key)
+    committed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    rolled_back: set[str] = field(default_factory=set)
 
-        committed: dict[str, tuple[str, int]] = {}  # event_id -> (key, sequence in key)
-        rolled_back: set[str] = set()
-        next_seq: dict[str, int] = {}
-        thread_a: threading.Thread | None = None
-        thread_b: threading.Thread | None = None
-        for i in range(events):
-            if i == events // 3:
-                # Relay A starts alone on a backlog, so its first batch is a full
-                # one; it dies in the middle of it, then relay B starts.
-                thread_a = _relay_thread(relay_a, errors)
-                crasher.crashed.wait(timeout)
-                thread_b = _relay_thread(relay_b, errors)
-            key = f"customer-{i % keys}"
-            try:
-                with outbox.engine.begin() as conn:
-                    conn.execute(orders.insert().values(id=i + 1, customer=key))
-                    seq = next_seq.get(key, 0)
-                    event_id = outbox.enqueue(
-                        conn, "order.created", {"order_id": i + 1, "seq": seq}, key=key
-                    )
-                    if i % 7 == 3:
-                        rolled_back.add(event_id)
-                        raise _Rollback
-                committed[event_id] = (key, seq)
-                next_seq[key] = seq + 1
-            except _Rollback:
-                pass
-        assert thread_a is not None and thread_b is not None
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not errors:
-            if {e.event_id for e in queue.snapshot()} >= committed.keys():
-                break
-            time.sleep(0.05)
-        relay_b.stop()
-        relay_a.stop()
-        thread_b.join(10)
-        thread_a.join(10)
-        outbox.dispose()
+def _orders_table(outbox: Outbox) -> sa.Table:
+    """The business table the demo's transactions write to, created on the outbox's database."""
+    meta = sa.MetaData()
+    orders = sa.Table(
+        "orders",
+        meta,
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("customer", sa.String(50), nullable=False),
+    )
+    meta.create_all(outbox.engine)
+    return orders
 
-    delivered = queue.snapshot()
+
+def _relays(outbox: Outbox, queue: MemoryQueue) -> tuple[CrashingBroker, Relay, Relay]:
+    """Relay A (its broker crashes mid-batch) and relay B, both ordered, on one queue."""
+    crasher = CrashingBroker(MemoryBroker(queue))
+    knobs: dict[str, Any] = {
+        "ordered": True,
+        "batch_size": 20,
+        "lease": 1.0,  # short, so the crashed relay's claims come back quickly
+        "reap_interval": 0.25,
+        "poll_interval": 0.02,
+        "max_poll_interval": 0.2,
+    }
+    relay_a = outbox.relay(crasher, name="relay-A", **knobs)
+    relay_b = outbox.relay(MemoryBroker(queue), name="relay-B", **knobs)
+    return crasher, relay_a, relay_b
+
+
+def _write_orders(
+    outbox: Outbox, orders: sa.Table, events: int, keys: int, start_relays: Callable[[], None]
+) -> _Written:
+    """Write ``events`` orders with their events, every seventh rolled back.
+
+    ``start_relays`` is called a third of the way in, so the relays start on a
+    backlog and keep up with the rest.
+    """
+    written = _Written()
+    next_seq: dict[str, int] = {}
+    for i in range(events):
+        if i == events // 3:
+            start_relays()
+        key = f"customer-{i % keys}"
+        try:
+            with outbox.engine.begin() as conn:
+                conn.execute(orders.insert().values(id=i + 1, customer=key))
+                seq = next_seq.get(key, 0)
+                event_id = outbox.enqueue(
+                    conn, "order.created", {"order_id": i + 1, "seq": seq}, key=key
+                )
+                if i % 7 == 3:
+                    written.rolled_back.add(event_id)
+                    raise _Rollback
+            written.committed[event_id] = (key, seq)
+            next_seq[key] = seq + 1
+        except _Rollback:
+            pass
+    return written
+
+
+def _wait_for_delivery(
+    queue: MemoryQueue, expected: Iterable[str], errors: list[BaseException], timeout: float
+) -> None:
+    """Until every expected event arrived, a relay failed, or ``timeout`` passed."""
+    wanted = set(expected)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not errors:
+        if {e.event_id for e in queue.snapshot()} >= wanted:
+            return
+        time.sleep(0.05)
+
+
+def _count(report: DemoReport, delivered: Sequence[Event], written: _Written) -> None:
+    """Fill in what arrived: distinct, duplicates, lost, rolled back, per-key order."""
+    committed, rolled_back = written.committed, written.rolled_back
     report.committed = len(committed)
     report.rolled_back = len(rolled_back)
     seen: set[str] = set()
@@ -205,6 +214,42 @@ def run_demo(
         last_seq[key] = seq
     report.delivered = len(seen & committed.keys())
     report.lost = len(committed.keys() - seen)
+
+
+def run_demo(
+    events: int = 400, keys: int = 12, directory: str | None = None, timeout: float = 120.0
+) -> DemoReport:
+    """Run the demo and return its report."""
+    started = time.monotonic()
+    report = DemoReport()
+    queue = MemoryQueue("demo")
+    errors: list[BaseException] = []
+    with tempfile.TemporaryDirectory(prefix="outbox-demo-", dir=directory) as tmp:
+        db = Path(tmp) / "demo.sqlite3"
+        outbox = Outbox(f"sqlite:///{db}")
+        outbox.install()
+        report.lines.append(f"database: {db} (SQLite, WAL mode)")
+        orders = _orders_table(outbox)
+        crasher, relay_a, relay_b = _relays(outbox, queue)
+        threads: list[threading.Thread] = []
+
+        def start_relays() -> None:
+            # Relay A starts alone on a backlog, so its first batch is a full
+            # one; it dies in the middle of it, then relay B starts.
+            threads.append(_relay_thread(relay_a, errors))
+            crasher.crashed.wait(timeout)
+            threads.append(_relay_thread(relay_b, errors))
+
+        written = _write_orders(outbox, orders, events, keys, start_relays)
+        assert len(threads) == 2
+        _wait_for_delivery(queue, written.committed, errors, timeout)
+        relay_b.stop()
+        relay_a.stop()
+        for thread in reversed(threads):
+            thread.join(10)
+        outbox.dispose()
+
+    _count(report, queue.snapshot(), written)
     report.crashed_batch = crasher.crashed_size
     report.lines.append(
         "relay A: "

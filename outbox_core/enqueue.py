@@ -25,7 +25,8 @@ from outbox_core.errors import (
     TableMissing,
     translate_errors,
 )
-from outbox_core.message import JsonDefault, NewEvent, build_new_event
+from outbox_core.jsoncheck import JsonDefault
+from outbox_core.message import NewEvent, build_new_event
 from outbox_core.transaction import TransactionPort
 
 if TYPE_CHECKING:
@@ -71,6 +72,15 @@ class Producer:
         self._tables_seen: weakref.WeakSet[Engine] = weakref.WeakSet()
         #: The same for ports without a connection of their own (read on the fallback).
         self._fallback_seen = False
+
+    @property
+    def fallback_checked(self) -> bool:
+        """The server's capabilities were read on the fallback engine (by a first enqueue).
+
+        Until then, an enqueue on a port without a SQLAlchemy connection of
+        its own first reads them there; afterwards it only builds statements.
+        """
+        return self._fallback_seen
 
     def event(
         self,

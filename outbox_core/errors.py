@@ -69,10 +69,6 @@ class BrokerError(OutboxError):
     """A broker could not be created or used."""
 
 
-class LeaseLost(OutboxError):
-    """A relay tried to settle events whose lease another relay now holds."""
-
-
 @contextmanager
 def translate_errors(operation: str) -> Iterator[None]:
     """Re-raise SQLAlchemy / driver errors as :class:`DatabaseError`, passwords masked.

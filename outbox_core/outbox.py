@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.orm import Session
 
 from outbox_core.brokers.base import Broker, create_broker
@@ -25,75 +25,19 @@ from outbox_core.config import DEFAULT_MAX_PAYLOAD, Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
-from outbox_core.message import JsonDefault
+from outbox_core.jsoncheck import JsonDefault
 from outbox_core.partitions import parse
 from outbox_core.ports import async_transaction_port, transaction_port
 from outbox_core.redaction import mask_url
 from outbox_core.relay import Relay
 from outbox_core.retry import RetryPolicy
 from outbox_core.schema import OutboxTables
+from outbox_core.urls import missing_driver_error, sync_url
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 T = TypeVar("T")
-
-#: Async or driver-less URLs mapped to the sync driver the toolkit ships with.
-SYNC_DRIVERS: dict[str, str] = {
-    "postgresql": "postgresql+psycopg",
-    "postgresql+psycopg_async": "postgresql+psycopg",
-    "postgresql+asyncpg": "postgresql+psycopg",
-    "mysql": "mysql+pymysql",
-    "mysql+aiomysql": "mysql+pymysql",
-    "mysql+asyncmy": "mysql+pymysql",
-    "mariadb": "mariadb+pymysql",
-    "mariadb+aiomysql": "mariadb+pymysql",
-    "mariadb+asyncmy": "mariadb+pymysql",
-    "mssql": "mssql+pyodbc",
-    "mssql+aioodbc": "mssql+pyodbc",
-    "sqlite+aiosqlite": "sqlite",
-}
-
-#: Which extra installs the driver a URL names.
-_EXTRAS = {
-    "psycopg": "postgresql",
-    "pymysql": "mysql",
-    "pyodbc": "mssql",
-    "aiosqlite": "sqlite-async",
-}
-
-
-def sync_url(url: str | URL) -> URL:
-    """The URL with a sync driver the toolkit supports (the relay is synchronous).
-
-    A URL without ``://`` (``postgresql+psycopg//user:pw@host``, a typo) is
-    refused first, by name and masked, before a parser can echo it whole.
-    """
-    if isinstance(url, str) and "://" not in url:
-        raise ConfigurationError(
-            f"invalid database URL {mask_url(url)!r}: '://' is missing after the scheme "
-            "(e.g. postgresql+psycopg://user@host/db)"
-        )
-    try:
-        parsed = make_url(url)
-    except (sa.exc.ArgumentError, ValueError) as exc:
-        # ValueError: a port that is not a number ("invalid literal for int()").
-        reason = "the port must be a number" if "int()" in str(exc) else str(exc)
-        raise ConfigurationError(
-            f"invalid database URL {mask_url(url)!r}: {mask_url(reason)}"
-        ) from None
-    target = SYNC_DRIVERS.get(parsed.drivername)
-    return parsed.set(drivername=target) if target else parsed
-
-
-def missing_driver_error(url: URL, exc: ImportError) -> ConfigurationError:
-    """A clear error for a database URL whose driver is not installed."""
-    driver = url.get_driver_name()
-    extra = _EXTRAS.get(driver)
-    hint = f": pip install 'outbox-toolkit[{extra}]'" if extra else ""
-    return ConfigurationError(
-        f"the {driver} driver for {mask_url(url)} is not installed{hint} ({exc})"
-    )
 
 
 @dataclass(frozen=True)
@@ -282,10 +226,6 @@ class Outbox:
             self.dialect.check(conn)
             self.dialect.install(conn)
 
-    def schema_sql(self) -> str:
-        """The DDL of the tables for this outbox's dialect (no connection needed)."""
-        return self.tables.ddl(self.dialect.name)
-
     # -- enqueue --------------------------------------------------------------------------
 
     def enqueue(
@@ -389,7 +329,7 @@ class Outbox:
         own, synchronous engine: that must not block the event loop. Later
         ones only build statements.
         """
-        if self.producer._fallback_seen:  # set by that first look
+        if self.producer.fallback_checked:
             return work()
         return await asyncio.to_thread(work)
 

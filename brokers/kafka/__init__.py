@@ -112,7 +112,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -134,6 +133,14 @@ from outbox_core.brokers.kafka.options import (
     mask_secrets,
     masked_config,
 )
+from outbox_core.brokers.kafka.reports import (
+    PURGED,
+    REJECTED,
+    ClientLog,
+    DeliveryReports,
+    client_log,
+    every_broker_down,
+)
 from outbox_core.brokers.kafka.topics import UNKNOWN_TOPIC, Topics
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Outcome
@@ -142,71 +149,8 @@ from outbox_core.redaction import mask_url
 __all__ = ["ENVELOPES", "EVENT_ID_HEADER", "KafkaBroker", "KafkaOptions", "KafkaRecord"]
 
 log = logging.getLogger("outbox.brokers.kafka")
-#: librdkafka's own log lines (routed through Python logging, so they are masked).
-client_log = logging.getLogger("outbox.brokers.kafka.librdkafka")
-
-#: Errors of one record that no retry will cure.
-REJECTED: Final = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.TOPIC_EXCEPTION,  # invalid topic
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.POLICY_VIOLATION,
-        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-        KafkaError._INVALID_ARG,
-    }
-)
-#: Records the broker purged from librdkafka's queue (an outage, or close).
-PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 #: How often the wait for delivery reports looks at the cluster's state.
 _TICK: Final = 0.2
-#: librdkafka's text of ``_ALL_BROKERS_DOWN``: "3/3 brokers are down".
-_DOWN_COUNT: Final = re.compile(r"^(\d+)/(\d+) brokers are down")
-
-
-def every_broker_down(text: str) -> bool:
-    """librdkafka's ``_ALL_BROKERS_DOWN`` means it (it also says "0/4 brokers are down")."""
-    match = _DOWN_COUNT.match(text)
-    return match is None or 0 < int(match.group(1)) == int(match.group(2))
-
-
-class _ClientLog:
-    """librdkafka's log lines into Python logging (where they are masked).
-
-    A refused or lost connection is logged by librdkafka for every broker at
-    every reconnect attempt; the broker's one outage line says it instead,
-    so those lines go to DEBUG.
-    """
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
-
-    def log(self, level: int, msg: str, *args: Any) -> None:
-        if args and args[0] in ("FAIL", "PARTCNT"):
-            level = logging.DEBUG
-        if client_log.isEnabledFor(level):
-            # librdkafka's debug output may quote a property: secrets are masked.
-            client_log.log(level, "%s", mask_secrets(msg % args if args else msg, self.config))
-
-
-class _Batch:
-    """One batch's delivery reports as they come in."""
-
-    __slots__ = ("delivered", "errors", "pending")
-
-    def __init__(self, size: int) -> None:
-        #: position -> librdkafka's error (None: delivered)
-        self.errors: dict[int, KafkaError | None] = {}
-        self.pending = 0
-        self.delivered = 0
-
-    def report(self, index: int, error: KafkaError | None, _message: Any) -> None:
-        self.errors[index] = error
-        self.pending -= 1
-        if error is None:
-            self.delivered += 1
 
 
 class KafkaBroker(Broker):
@@ -245,7 +189,7 @@ class KafkaBroker(Broker):
             config,
             self.options,
             display=display,
-            client_logger=lambda: _ClientLog(self.config),
+            client_logger=lambda: ClientLog(self.config),
         )
 
     @classmethod
@@ -266,7 +210,7 @@ class KafkaBroker(Broker):
     def _new_producer(self) -> confluent_kafka.Producer:
         config = dict(self.config)
         config["error_cb"] = self._on_error
-        config["logger"] = _ClientLog(self.config)
+        config["logger"] = ClientLog(self.config)
         try:
             return confluent_kafka.Producer(config)
         except (KafkaException, ValueError, TypeError) as exc:
@@ -346,7 +290,7 @@ class KafkaBroker(Broker):
 
     def _publish(self, events: Sequence[Event]) -> list[Outcome]:
         producer = self._producer
-        batch = _Batch(len(events))
+        batch = DeliveryReports(len(events))
         outcomes: list[Outcome | None] = [None] * len(events)
         records: list[tuple[int, KafkaRecord]] = []
         for index, event in enumerate(events):
@@ -419,7 +363,7 @@ class KafkaBroker(Broker):
             self._set_down(self._unanswered(error))
         return f"Kafka unavailable at {self.display}: {self._down}"
 
-    def _name_outage(self, batch: _Batch) -> None:
+    def _name_outage(self, batch: DeliveryReports) -> None:
         """Nothing of the batch delivered in time: ask the cluster whether it is down.
 
         librdkafka reports every broker down only once its count of failed
@@ -434,7 +378,7 @@ class KafkaBroker(Broker):
         except KafkaException as exc:
             self._unreachable(exc.args[0])
 
-    def _outcome(self, error: KafkaError, batch: _Batch) -> Outcome:
+    def _outcome(self, error: KafkaError, batch: DeliveryReports) -> Outcome:
         code = error.code()
         text = mask_secrets(error.str(), self.config)
         if code in PURGED:

@@ -20,6 +20,7 @@ from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
 from outbox_core.brokers import cloudevents
+from outbox_core.brokers.converters import cloudevents_source
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, from_values, setting
 from outbox_core.redaction import mask_url
@@ -125,10 +126,6 @@ def _check_topic(value: Any, name: str = "topic") -> str:
     return template
 
 
-def _as_source(value: Any, name: str) -> str:
-    return cloudevents.check_source(value)
-
-
 @checked
 @dataclass(frozen=True)
 class KafkaOptions:
@@ -146,7 +143,7 @@ class KafkaOptions:
     envelope: Envelope = "plain"
     #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
     #: by the ``cloudevents`` envelopes only.
-    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=cloudevents_source)
     #: ``outbox``: the event id in header ``event_id``; ``debezium``: the records
     #: Debezium's outbox event router writes (header ``id``, topic ``outbox.event.<topic>``).
     shape: Shape = "outbox"

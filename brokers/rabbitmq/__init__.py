@@ -62,6 +62,7 @@ under the whole batch; ``0`` disables the check), ``reconnect_max`` (backoff cap
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -70,7 +71,11 @@ import pika
 import pika.exceptions
 
 from outbox_core.brokers.base import Broker
-from outbox_core.brokers.rabbitmq.connection import ConfirmingConnection, _Batch, _describe, log
+from outbox_core.brokers.rabbitmq.connection import (
+    ConfirmBatch,
+    ConfirmingConnection,
+    describe_error,
+)
 from outbox_core.brokers.rabbitmq.mapping import (
     ATTEMPT_HEADER,
     KEY_HEADER,
@@ -86,11 +91,13 @@ __all__ = [
     "ENVELOPES",
     "KEY_HEADER",
     "AmqpMessage",
+    "ConfirmBatch",
     "ConfirmingConnection",
     "RabbitMQBroker",
     "RabbitMQOptions",
-    "_Batch",
 ]
+
+log = logging.getLogger("outbox.brokers.rabbitmq")
 
 
 class RabbitMQBroker(Broker):
@@ -178,14 +185,14 @@ class RabbitMQBroker(Broker):
             down = self.connection.open()
             if down is not None:
                 return [Outcome.unavailable(down)] * len(events)
-            batch = _Batch(len(events))
+            batch = ConfirmBatch(len(events))
             try:
                 with self.connection.confirming(batch):
                     self._send(events, batch)
                     self.connection.wait_for_confirms(batch)
             except Exception as exc:  # pika misbehaving: never raise from publish
                 log.exception("publishing to %s failed", self.display)
-                batch.lost = batch.lost or f"publish failed: {_describe(exc)}"
+                batch.lost = batch.lost or f"publish failed: {describe_error(exc)}"
             return self._settle(batch)
 
     def probe(self) -> str | None:
@@ -195,7 +202,7 @@ class RabbitMQBroker(Broker):
                 return "RabbitMQ broker is closed"
             return self.connection.open(now=True)  # the relay paces its probes: connect now
 
-    def _settle(self, batch: _Batch) -> list[Outcome]:
+    def _settle(self, batch: ConfirmBatch) -> list[Outcome]:
         # A channel the server closed over a message is that batch's failure
         # (retry, spending attempts); anything else unconfirmed is an outage.
         unconfirmed = Outcome.retry if batch.lost_by_event else Outcome.unavailable
@@ -216,7 +223,7 @@ class RabbitMQBroker(Broker):
             self.connection.close()  # the next batch reconnects
         return [o if o is not None else unconfirmed(unsent) for o in batch.outcomes]
 
-    def _send(self, events: Sequence[Event], batch: _Batch) -> None:
+    def _send(self, events: Sequence[Event], batch: ConfirmBatch) -> None:
         send = self.connection.send
         for index, event in enumerate(events):
             if batch.lost is not None:
@@ -239,7 +246,7 @@ class RabbitMQBroker(Broker):
 
     def describe_unavailable(self, exc: BaseException) -> str:
         """pika's error, unwrapped from the connection workflow's wrappers."""
-        return _describe(exc)
+        return describe_error(exc)
 
     def close(self) -> None:
         """Close the connection; later :meth:`publish` calls report ``unavailable``."""

@@ -45,7 +45,7 @@ class _Unavailable(Exception):
         self.message = message
 
 
-class _Batch:
+class ConfirmBatch:
     """Book-keeping of one batch while its confirms come in."""
 
     __slots__ = (
@@ -74,7 +74,7 @@ class _Batch:
         self.lost_by_event = False
 
 
-def _describe(exc: BaseException | None) -> str:
+def describe_error(exc: BaseException | None) -> str:
     """A short text for a pika error, unwrapping the connection workflow's wrappers."""
     seen: BaseException | None = exc
     for _ in range(8):
@@ -134,7 +134,7 @@ class ConfirmingConnection:
         self._next_tag = 0
         #: Bytes sent since the I/O loop last had a turn.
         self._unflushed = 0
-        self._batch: _Batch | None = None
+        self._batch: ConfirmBatch | None = None
         #: Why the connection or channel went away, until it is replaced.
         self._down: str | None = None
         self._blocked = False
@@ -162,13 +162,13 @@ class ConfirmingConnection:
         except Exception as exc:  # defensive: publish never raises for broker trouble
             log.exception("preparing the RabbitMQ channel failed")
             self.close()
-            return f"RabbitMQ unavailable: {_describe(exc)}"
+            return f"RabbitMQ unavailable: {describe_error(exc)}"
         if self._blocked:
             return "RabbitMQ blocked publishing on this connection (memory or disk alarm)"
         return None
 
     @contextmanager
-    def confirming(self, batch: _Batch) -> Iterator[_Batch]:
+    def confirming(self, batch: ConfirmBatch) -> Iterator[ConfirmBatch]:
         """Collect confirms and returns into ``batch`` while the block sends it."""
         self._batch = batch
         batch.low = self._next_tag + 1
@@ -178,7 +178,7 @@ class ConfirmingConnection:
         finally:
             self._batch = None
 
-    def send(self, batch: _Batch, index: int, message_id: str, message: AmqpMessage) -> bool:
+    def send(self, batch: ConfirmBatch, index: int, message_id: str, message: AmqpMessage) -> bool:
         """Publish the message at ``index`` of ``batch``, mandatory, without waiting.
 
         Raises what ``basic_publish`` raises; nothing is recorded then. True
@@ -205,7 +205,7 @@ class ConfirmingConnection:
         if self._ioloop is not None:
             self._turn(self._ioloop, 0.0)
 
-    def wait_for_confirms(self, batch: _Batch) -> None:
+    def wait_for_confirms(self, batch: ConfirmBatch) -> None:
         """Run the I/O loop until ``batch`` is confirmed, lost, or ``confirm_timeout`` passes.
 
         Messages still unconfirmed then stay in ``batch.pending``.
@@ -258,7 +258,7 @@ class ConfirmingConnection:
         if not batch.pending:
             self._wake()
 
-    def _confirm_one(self, batch: _Batch, tag: int, nack: bool) -> None:
+    def _confirm_one(self, batch: ConfirmBatch, tag: int, nack: bool) -> None:
         index = batch.pending.pop(tag, None)
         if index is None:
             return
@@ -291,7 +291,9 @@ class ConfirmingConnection:
         if channel is self._channel:
             # a channel also closes when its connection dies: name the real cause
             closed = isinstance(reason, pika.exceptions.ChannelClosed)
-            self._lost(f"{'channel closed' if closed else 'connection lost'}: {_describe(reason)}")
+            self._lost(
+                f"{'channel closed' if closed else 'connection lost'}: {describe_error(reason)}"
+            )
             batch = self._batch
             if batch is not None and isinstance(reason, pika.exceptions.ChannelClosedByBroker):
                 batch.lost_by_event = True  # e.g. 406 PRECONDITION_FAILED on a message
@@ -299,12 +301,12 @@ class ConfirmingConnection:
 
     def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
         if connection is self._conn:
-            self._lost(f"connection lost: {_describe(reason)}")
+            self._lost(f"connection lost: {describe_error(reason)}")
         self._wake()
 
     def _on_open_error(self, connection: Any, reason: BaseException) -> None:
         if connection is self._conn:
-            self._lost(_describe(reason))
+            self._lost(describe_error(reason))
         self._wake()
 
     def _on_blocked(self, connection: Any, _frame: Any) -> None:
@@ -381,7 +383,7 @@ class ConfirmingConnection:
                 message = exc.message
             else:  # not expected from pika, but publish must not raise
                 log.exception("unexpected error while connecting to %s", self.display)
-                message = f"connecting to {self.display} failed: {_describe(exc)}"
+                message = f"connecting to {self.display} failed: {describe_error(exc)}"
             self.close()
             # Once per outage: the relay reports the outage and its end.
             self._reconnects.failed(message)
@@ -399,7 +401,7 @@ class ConfirmingConnection:
         try:
             start(finished)
         except pika.exceptions.AMQPError as exc:
-            raise _Unavailable(f"{what} failed: {_describe(exc)}") from None
+            raise _Unavailable(f"{what} failed: {describe_error(exc)}") from None
         timeout = self.options.connect_timeout
         if not self._run_until(lambda: bool(done) or self._down is not None, timeout):
             raise _Unavailable(f"{what} timed out after {timeout:g}s")

@@ -11,6 +11,7 @@ from typing import Any, Final, Literal, get_args
 import pika
 
 from outbox_core.brokers import cloudevents
+from outbox_core.brokers.converters import cloudevents_source, optional_count
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, from_values, setting
 from outbox_core.redaction import mask_url
@@ -36,22 +37,6 @@ Unroutable = Literal["reject", "retry"]
 Prefix = Literal["cloudEvents_", "cloudEvents:"]
 ENVELOPES: Final = get_args(Envelope)
 UNROUTABLE: Final = get_args(Unroutable)
-
-
-def _as_size(value: Any, name: str) -> int | None:
-    if isinstance(value, str) and value.strip().lower() in ("", "none", "0"):
-        return None
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name}: expected a number of bytes, got {value!r}") from None
-    if isinstance(value, bool) or size < 0:
-        raise ConfigurationError(f"{name}: expected a number of bytes, got {value!r}")
-    return size or None
-
-
-def _as_source(value: Any, name: str) -> str:
-    return cloudevents.check_source(value)
 
 
 def _check_routing_key(value: Any, name: str = "routing_key") -> str:
@@ -112,7 +97,7 @@ class RabbitMQOptions:
     envelope: Envelope = "plain"
     #: The CloudEvents ``source`` attribute (a URI-reference without white space); used
     #: by the ``cloudevents`` envelopes only.
-    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=_as_source)
+    source: str = setting(cloudevents.DEFAULT_SOURCE, convert=cloudevents_source)
     #: ``cloudevents-binary``: the prefix of the attribute headers, ``cloudEvents_``
     #: (JMS-safe, the binding's preferred form) or ``cloudEvents:``.
     cloudevents_prefix: Prefix = "cloudEvents_"
@@ -127,7 +112,9 @@ class RabbitMQOptions:
     connect_timeout: float = setting(10.0, positive=True)
     #: Largest message body in bytes; a larger one is rejected before publishing (it
     #: would close the channel under the whole batch). None or 0: no check.
-    max_message_size: int | None = setting(DEFAULT_MAX_MESSAGE_SIZE, convert=_as_size)
+    max_message_size: int | None = setting(
+        DEFAULT_MAX_MESSAGE_SIZE, convert=optional_count("bytes")
+    )
     #: Longest wait between connection attempts while RabbitMQ stays unreachable, in
     #: seconds (or ``30s``); the waits start at 0.5 s and double.
     reconnect_max: float = 30.0

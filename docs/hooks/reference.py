@@ -27,7 +27,7 @@ _DIRECTIVE = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
 BROKERS = [
     ("RabbitMQ", "amqp://, amqps://", "outbox_core.brokers.rabbitmq.options:RabbitMQOptions"),
     ("Kafka", "kafka://", "outbox_core.brokers.kafka.options:KafkaOptions"),
-    ("NATS JetStream", "nats://", "outbox_core.brokers.nats:NatsOptions"),
+    ("NATS JetStream", "nats://", "outbox_core.brokers.nats.options:NatsOptions"),
     ("Redis Streams", "redis://, rediss://", "outbox_core.brokers.redis:RedisOptions"),
     ("Webhook", "http://, https://", "outbox_core.brokers.webhook:WebhookOptions"),
 ]

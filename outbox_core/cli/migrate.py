@@ -68,7 +68,7 @@ def migrate_command(
     Exit status: 0 done, 1 --verify found differences, 2 refused (the reason
     and the fix on one line).
     """
-    from outbox_core.migrate import migrate, plan, verify
+    from outbox_core.migrate import migrate, plan, verify_migration
 
     progress = Progress()
     source: Outbox | None = None
@@ -94,7 +94,7 @@ def migrate_command(
             progress.close()
             click.echo(json.dumps(report.as_dict()) if as_json else report.render())
         if do_verify or verify_only:
-            checked = verify(source, target, include_sent=include_sent, batch=batch)
+            checked = verify_migration(source, target, include_sent=include_sent, batch=batch)
             click.echo(json.dumps(checked.as_dict(), default=str) if as_json else checked.render())
             if not checked.ok:
                 sys.exit(1)

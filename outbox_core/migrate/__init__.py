@@ -9,7 +9,7 @@ on the target are skipped), works in batches of one target transaction each,
 and refuses clearly when it cannot copy safely.
 
 >>> report = migrate(Outbox("sqlite:///old.db"), Outbox("postgresql+psycopg://db/app"))
->>> verify(Outbox("sqlite:///old.db"), Outbox("postgresql+psycopg://db/app")).ok
+>>> verify_migration(Outbox("sqlite:///old.db"), Outbox("postgresql+psycopg://db/app")).ok
 True
 
 See ``docs/migrating.md`` for the cut-over procedure.
@@ -31,7 +31,7 @@ from outbox_core.migrate.model import (
     canonical_json,
     canonical_json_text,
 )
-from outbox_core.migrate.verify import verify
+from outbox_core.migrate.verify import verify_migration
 
 __all__ = [
     "LOOKUP_CHUNK",
@@ -49,5 +49,5 @@ __all__ = [
     "canonical_json_text",
     "migrate",
     "plan",
-    "verify",
+    "verify_migration",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,71 +15,25 @@ from outbox_core.errors import translate_errors
 from outbox_core.message import State
 from outbox_core.migrate.limits import TargetLimits
 from outbox_core.migrate.model import (
-    _COLUMNS,
-    LOOKUP_CHUNK,
-    MAX_BATCH,
-    MIGRATED_STATES,
+    SOURCE_COLUMNS,
     MigrationPlan,
     MigrationRefused,
     MigrationReport,
     ProgressCallback,
     SourceEvent,
-    _utc,
+    naive_utc,
+)
+from outbox_core.migrate.reading import (
+    check_batch,
+    describe,
+    has_table,
+    migrated_states,
+    missing_table_problem,
+    pages,
+    present_states,
 )
 from outbox_core.outbox import Outbox
-from outbox_core.redaction import mask_url, redact
-
-
-def _describe(outbox: Outbox) -> str:
-    url = mask_url(outbox.url)
-    return f"{url} (table {outbox.table.fullname})"
-
-
-def _states(include_sent: bool) -> list[int]:
-    states = list(MIGRATED_STATES) + ([State.SENT] if include_sent else [])
-    return sorted(int(s) for s in states)
-
-
-def _pages(
-    outbox: Outbox,
-    columns: Sequence[sa.ColumnElement[Any]],
-    states: Sequence[int],
-    batch: int,
-) -> Iterator[list[Sequence[Any]]]:
-    """Rows of ``states`` in id order, ``batch`` at a time; columns[0] must be ``id``.
-
-    Each page is read in its own short transaction: a long read would pin
-    PostgreSQL's vacuum horizon, SQLite's WAL, or MySQL's snapshot (hiding
-    events committed during the copy).
-    """
-    last: int | None = None
-    with outbox.engine.connect() as conn:
-        while True:
-            with conn.begin():
-                rows = outbox.dialect.reads.page(conn, columns, states, after_id=last, limit=batch)
-            if not rows:
-                return
-            yield rows
-            if len(rows) < batch:
-                return
-            last = int(rows[-1][0])
-
-
-def _has_table(conn: Connection, table: sa.Table) -> bool:
-    return sa.inspect(conn).has_table(table.name, schema=table.schema)
-
-
-def _present(conn: Connection, target: Outbox, event_ids: Sequence[str]) -> dict[str, int]:
-    """Lower-cased event id -> state, for those of ``event_ids`` already on ``target``."""
-    t = target.table
-    found: dict[str, int] = {}
-    for start in range(0, len(event_ids), LOOKUP_CHUNK):
-        chunk = list(event_ids[start : start + LOOKUP_CHUNK])
-        for event_id, state in target.dialect.reads.by_event_id(
-            conn, [t.c.event_id, t.c.state], chunk
-        ):
-            found[str(event_id).lower()] = int(state)
-    return found
+from outbox_core.redaction import redact
 
 
 @dataclass(frozen=True)
@@ -94,7 +48,7 @@ def _live_leases(source: Outbox, conn: Connection) -> _Leases:
     live = source.dialect.reads.live_leases(conn)
     # Tokens are "<relay name>:<claim number>:<random>": show the relays.
     holders = sorted({token.split(":", 1)[0] for token in live.tokens})[:5]
-    return _Leases(live.count, holders, _utc(live.until))
+    return _Leases(live.count, holders, naive_utc(live.until))
 
 
 def _lease_problem(leases: _Leases) -> str:
@@ -107,18 +61,6 @@ def _lease_problem(leases: _Leases) -> str:
     )
 
 
-def _missing_table_problem(outbox: Outbox, side: str) -> str:
-    url = mask_url(outbox.url)
-    table = outbox.table
-    if side == "source":
-        return f"source table {table.fullname!r} does not exist on {url}: check --from and --table"
-    schema = f" --schema {table.schema}" if table.schema else ""
-    return (
-        f"target table {table.fullname!r} does not exist on {url}: create it first with "
-        f"`outbox install --db {url} --table {table.name}{schema}`"
-    )
-
-
 def _same_table(source: Outbox, target: Outbox) -> bool:
     same_db = source.url.render_as_string(hide_password=False) == target.url.render_as_string(
         hide_password=False
@@ -126,21 +68,16 @@ def _same_table(source: Outbox, target: Outbox) -> bool:
     return same_db and source.table.fullname == target.table.fullname
 
 
-def _check_batch(batch: int) -> None:
-    if not 1 <= batch <= MAX_BATCH:
-        raise MigrationRefused(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
-
-
 def _prepare(source: Outbox, target: Outbox, *, force: bool, warnings: list[str]) -> TargetLimits:
     """Refuse what cannot work; return what the target can store."""
     if _same_table(source, target):
         raise MigrationRefused(
-            f"source and target are the same table ({_describe(source)}): "
+            f"source and target are the same table ({describe(source)}): "
             "pass a different --to or --to-table"
         )
     with source.engine.connect() as conn:
-        if not _has_table(conn, source.table):
-            raise MigrationRefused(_missing_table_problem(source, "source"))
+        if not has_table(conn, source.table):
+            raise MigrationRefused(missing_table_problem(source, "source"))
         leases = _live_leases(source, conn)
     if leases.count:
         if not force:
@@ -151,8 +88,8 @@ def _prepare(source: Outbox, target: Outbox, *, force: bool, warnings: list[str]
         )
     with target.engine.connect() as conn:
         target.dialect.check(conn)
-        if not _has_table(conn, target.table):
-            raise MigrationRefused(_missing_table_problem(target, "target"))
+        if not has_table(conn, target.table):
+            raise MigrationRefused(missing_table_problem(target, "target"))
         return TargetLimits.reflect(conn, target.table, target.dialect)
 
 
@@ -174,12 +111,12 @@ def migrate(
     source has live leases (unless ``force``), or copying an event would put it
     after a later event of its key (unless ``force``).
     """
-    _check_batch(batch)
+    check_batch(batch)
     started = time.monotonic()
-    report = MigrationReport(_describe(source), _describe(target))
+    report = MigrationReport(describe(source), describe(target))
     with translate_errors("migrate"):
         limits = _prepare(source, target, force=force, warnings=report.warnings)
-        states = _states(include_sent)
+        states = migrated_states(include_sent)
         with source.engine.connect() as conn:
             report.total = source.dialect.reads.count_in_states(conn, states)
         if progress is not None:
@@ -234,10 +171,10 @@ class _Copy:
 
     def run(self, states: Sequence[int], batch: int, progress: ProgressCallback | None) -> None:
         st = self.source.table
-        columns = [st.c[name] for name in _COLUMNS]
+        columns = [st.c[name] for name in SOURCE_COLUMNS]
         done = 0
         with self.target.engine.connect() as tconn:
-            for rows in _pages(self.source, columns, states, batch):
+            for rows in pages(self.source, columns, states, batch):
                 events = [SourceEvent.from_row(r) for r in rows]
                 self._check_fit(events)
                 # The lookup and the inserts share one transaction: a concurrent
@@ -273,7 +210,7 @@ class _Copy:
                 )
 
     def _copy_batch(self, conn: Connection, events: Sequence[SourceEvent]) -> None:
-        present = _present(conn, self.target, [e.event_id for e in events])
+        present = present_states(conn, self.target, [e.event_id for e in events])
         rows: list[dict[str, Any]] = []
         for event in events:
             state_there = present.get(event.event_id.lower())
@@ -315,21 +252,21 @@ def plan(
     Reads the whole source once (counts, live leases, fit of every event) and
     looks up which events the target already has.
     """
-    _check_batch(batch)
+    check_batch(batch)
     with translate_errors("migrate --check-only"):
         with source.engine.connect() as conn:
-            if not _has_table(conn, source.table):
-                raise MigrationRefused(_missing_table_problem(source, "source"))
+            if not has_table(conn, source.table):
+                raise MigrationRefused(missing_table_problem(source, "source"))
             source_counts = source.dialect.reads.state_counts(conn)
             leases = _live_leases(source, conn)
         with target.engine.connect() as conn:
             target.dialect.check(conn)
-            exists = _has_table(conn, target.table)
+            exists = has_table(conn, target.table)
             target_counts = target.dialect.reads.state_counts(conn) if exists else None
             limits = TargetLimits.reflect(conn, target.table, target.dialect) if exists else None
         result = MigrationPlan(
-            _describe(source),
-            _describe(target),
+            describe(source),
+            describe(target),
             source_counts,
             leases.count,
             leases.holders,
@@ -341,12 +278,12 @@ def plan(
         if leases.count:
             result.problems.append(_lease_problem(leases))
         if not exists:
-            result.problems.append(_missing_table_problem(target, "target"))
+            result.problems.append(missing_table_problem(target, "target"))
         st = source.table
-        columns = [st.c[name] for name in _COLUMNS]
+        columns = [st.c[name] for name in SOURCE_COLUMNS]
         misfits = 0
         with target.engine.connect() as tconn:
-            for rows in _pages(source, columns, _states(include_sent), batch):
+            for rows in pages(source, columns, migrated_states(include_sent), batch):
                 events = [SourceEvent.from_row(r) for r in rows]
                 fitting = events
                 if limits is not None:
@@ -365,7 +302,7 @@ def plan(
                 present: dict[str, int] = {}
                 if exists:
                     with tconn.begin():
-                        present = _present(tconn, target, [e.event_id for e in fitting])
+                        present = present_states(tconn, target, [e.event_id for e in fitting])
                 result.already_present += len(present)
                 result.to_copy += len(events) - len(present)
         if misfits > 5:

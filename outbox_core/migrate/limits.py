@@ -11,8 +11,9 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.errors import PayloadError
-from outbox_core.message import NewEvent, check_json, dump_json
-from outbox_core.migrate.model import _COLUMNS, MigrationRefused, SourceEvent
+from outbox_core.jsoncheck import check_json, dump_json
+from outbox_core.message import NewEvent
+from outbox_core.migrate.model import SOURCE_COLUMNS, MigrationRefused, SourceEvent
 from outbox_core.schema import OutboxTables
 
 
@@ -49,7 +50,7 @@ class TargetLimits:
         dialect.storage.initialize(conn)
         inspector = sa.inspect(conn)
         columns = {c["name"]: c for c in inspector.get_columns(table.name, schema=table.schema)}
-        missing = [c for c in _COLUMNS if c not in columns]
+        missing = [c for c in SOURCE_COLUMNS if c not in columns]
         if missing:
             raise MigrationRefused(
                 f"target table {table.fullname!r} has no column(s) {', '.join(missing)}: it is "

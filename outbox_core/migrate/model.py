@@ -30,7 +30,8 @@ MAX_BATCH = 10_000
 ProgressCallback = Callable[[int, int], None]
 
 
-_COLUMNS = (
+#: The source columns a migration reads, in :meth:`SourceEvent.from_row`'s order.
+SOURCE_COLUMNS = (
     "id",
     "event_id",
     "topic",
@@ -104,7 +105,7 @@ class Difference:
 
 @dataclass
 class VerifyReport:
-    """What :func:`verify` found."""
+    """What :func:`verify_migration` found."""
 
     source: str
     target: str
@@ -220,7 +221,7 @@ def _json_number(token: str) -> int | float:
     return float(token)
 
 
-def _utc(value: datetime | None) -> datetime | None:
+def naive_utc(value: datetime | None) -> datetime | None:
     """Naive UTC. PostgreSQL returns aware values in the session's zone; others naive UTC."""
     if value is None or value.tzinfo is None:
         return value
@@ -246,9 +247,9 @@ class SourceEvent:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> SourceEvent:
-        """Build from a row of the source columns in ``_COLUMNS`` order."""
-        available_at = _utc(row[8])
-        created_at = _utc(row[9])
+        """Build from a row of the source columns in :data:`SOURCE_COLUMNS` order."""
+        available_at = naive_utc(row[8])
+        created_at = naive_utc(row[9])
         assert available_at is not None and created_at is not None  # NOT NULL columns
         return cls(
             id=int(row[0]),
@@ -261,7 +262,7 @@ class SourceEvent:
             attempts=int(row[7]),
             available_at=available_at,
             created_at=created_at,
-            sent_at=_utc(row[10]),
+            sent_at=naive_utc(row[10]),
             last_error=row[11],
         )
 
@@ -280,10 +281,10 @@ class SourceEvent:
             "headers": self.headers,
             "state": int(state),
             "attempts": self.attempts,
-            "available_at": when(_utc(self.available_at)),
+            "available_at": when(naive_utc(self.available_at)),
             "lease_owner": None,
             "lease_until": None,
-            "created_at": when(_utc(self.created_at)),
-            "sent_at": when(_utc(self.sent_at)),
+            "created_at": when(naive_utc(self.created_at)),
+            "sent_at": when(naive_utc(self.sent_at)),
             "last_error": self.last_error,
         }

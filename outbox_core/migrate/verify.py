@@ -15,22 +15,22 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.errors import translate_errors
 from outbox_core.message import State
-from outbox_core.migrate.copy import (
-    _check_batch,
-    _describe,
-    _has_table,
-    _missing_table_problem,
-    _pages,
-    _present,
-    _states,
-)
 from outbox_core.migrate.model import (
     LOOKUP_CHUNK,
     Difference,
     MigrationRefused,
     VerifyReport,
-    _utc,
     canonical_json_text,
+    naive_utc,
+)
+from outbox_core.migrate.reading import (
+    check_batch,
+    describe,
+    has_table,
+    migrated_states,
+    missing_table_problem,
+    pages,
+    present_states,
 )
 from outbox_core.outbox import Outbox
 
@@ -44,7 +44,7 @@ def _time_digits(conn: Connection, outbox: Outbox) -> int:
 
 
 def _time_key(value: datetime | None, digits: int | None) -> str | None:
-    value = _utc(value)
+    value = naive_utc(value)
     if value is None or digits is None:
         return None
     text = value.strftime("%Y-%m-%dT%H:%M:%S")
@@ -92,7 +92,7 @@ def _digest(outbox: Outbox, states: Sequence[int], batch: int, digits: int | Non
     columns = [t.c.id, t.c.event_id, t.c.key, t.c.state, _payload_text(outbox), t.c.created_at]
     digest = _Digest()
     ordinals: dict[str, int] = {}
-    for rows in _pages(outbox, columns, states, batch):
+    for rows in pages(outbox, columns, states, batch):
         for _, event_id, key, state, payload, created_at in rows:
             mapped = _mapped(state)
             ordinal = 0
@@ -107,7 +107,7 @@ def _digest(outbox: Outbox, states: Sequence[int], batch: int, digits: int | Non
     return digest
 
 
-def verify(
+def verify_migration(
     source: Outbox,
     target: Outbox,
     *,
@@ -126,14 +126,14 @@ def verify(
     differs, a second pass names the first ``max_differences`` events.
     Run it before starting relays on the target: sending changes the state.
     """
-    _check_batch(batch)
+    check_batch(batch)
     started = time.monotonic()
-    states = _states(include_sent)
+    states = migrated_states(include_sent)
     with translate_errors("verify"):
         with source.engine.connect() as sconn, target.engine.connect() as tconn:
             for outbox, conn, side in ((source, sconn, "source"), (target, tconn, "target")):
-                if not _has_table(conn, outbox.table):
-                    raise MigrationRefused(_missing_table_problem(outbox, side))
+                if not has_table(conn, outbox.table):
+                    raise MigrationRefused(missing_table_problem(outbox, side))
             source_digits = _time_digits(sconn, source)
             target_digits = _time_digits(tconn, target)
         notes: list[str] = []
@@ -147,8 +147,8 @@ def verify(
         s = _digest(source, states, batch, digits)
         t = _digest(target, states, batch, digits)
         report = VerifyReport(
-            _describe(source),
-            _describe(target),
+            describe(source),
+            describe(target),
             s.count,
             t.count,
             s.hex,
@@ -186,7 +186,7 @@ def _differences(
     s_cols = [st.c.id, st.c.event_id, st.c.key, st.c.state, s_payload, st.c.created_at]
     t_cols = [tt.c.event_id, tt.c.id, tt.c.key, tt.c.state, t_payload, tt.c.created_at]
     with target.engine.connect() as tconn:
-        for rows in _pages(source, s_cols, states, batch):
+        for rows in pages(source, s_cols, states, batch):
             there: dict[str, Sequence[Any]] = {}
             with tconn.begin():
                 for start in range(0, len(rows), LOOKUP_CHUNK):
@@ -212,10 +212,10 @@ def _differences(
                     if len(found) >= limit:
                         return found
     with source.engine.connect() as sconn:
-        for rows in _pages(target, [tt.c.id, tt.c.event_id], states, batch):
+        for rows in pages(target, [tt.c.id, tt.c.event_id], states, batch):
             ids = [str(r[1]) for r in rows]
             with sconn.begin():
-                on_source = _present(sconn, source, ids)
+                on_source = present_states(sconn, source, ids)
             for event_id in ids:
                 state = on_source.get(event_id.lower())
                 if state is None:

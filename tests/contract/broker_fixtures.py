@@ -2,7 +2,7 @@
 
 ``WebhookServer`` is a real HTTP server (``ThreadingHTTPServer`` on
 127.0.0.1, random port) that verifies Standard Webhooks signatures with
-:func:`outbox_core.brokers.signing.verify` and answers per event as told.
+:func:`outbox_core.brokers.signing.verify_signature` and answers per event as told.
 
 ``TcpProxy`` forwards a local port to RabbitMQ and can cut every connection
 or swallow the broker's replies, to exercise connection loss and confirm
@@ -30,7 +30,7 @@ import pika.exceptions
 import pytest
 
 from outbox_core.brokers.rabbitmq import RabbitMQBroker
-from outbox_core.brokers.signing import WebhookVerificationError, verify
+from outbox_core.brokers.signing import WebhookVerificationError, verify_signature
 from outbox_core.message import Event
 
 # Re-exported: the broker tests import them from here.
@@ -192,7 +192,7 @@ class WebhookServer:
         headers = {k.lower(): v for k, v in request.headers.items()}
         if self.secret is not None:
             try:
-                verify(self.secret, request.headers, body)
+                verify_signature(self.secret, request.headers, body)
             except WebhookVerificationError as exc:
                 with self.lock:
                     self.bad_signatures.append(str(exc))

@@ -42,10 +42,10 @@ from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.brokers.callable import CallableBroker
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.brokers.rabbitmq import (
+    ConfirmBatch,
     ConfirmingConnection,
     RabbitMQBroker,
     RabbitMQOptions,
-    _Batch,
 )
 from outbox_core.brokers.webhook import WebhookBroker, WebhookOptions
 from outbox_core.errors import ConfigurationError
@@ -569,9 +569,9 @@ def _confirm(kind: type, tag: int, multiple: bool = False) -> SimpleNamespace:
     return SimpleNamespace(method=kind(delivery_tag=tag, multiple=multiple))
 
 
-def _offline_connection(**options: Any) -> tuple[ConfirmingConnection, _Batch]:
+def _offline_connection(**options: Any) -> tuple[ConfirmingConnection, ConfirmBatch]:
     connection = RabbitMQBroker.from_url("amqp://guest:guest@127.0.0.1:1/%2F", **options).connection
-    batch = _Batch(6)
+    batch = ConfirmBatch(6)
     batch.low = 11
     for position in range(6):
         batch.pending[11 + position] = position

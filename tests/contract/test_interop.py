@@ -2,7 +2,7 @@
 
 * ``standardwebhooks`` (the Standard Webhooks reference library) verifies the
   signatures of requests the webhook broker sent to a real HTTP server, and
-  :func:`outbox_core.brokers.signing.verify` accepts what the library signs, including
+  :func:`outbox_core.brokers.signing.verify_signature` accepts what the library signs, including
   with a secret written without base64 padding.
 * the CNCF ``cloudevents`` SDK parses the structured (HTTP and AMQP) and
   binary (AMQP) messages the brokers published (through the real RabbitMQ),
@@ -24,7 +24,7 @@ from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.v1.event import CloudEvent
 
 from outbox_core.brokers import cloudevents
-from outbox_core.brokers.signing import WebhookVerificationError, decode_secret, verify
+from outbox_core.brokers.signing import WebhookVerificationError, decode_secret, verify_signature
 from outbox_core.brokers.webhook import WebhookBroker
 from outbox_core.message import Event, OutcomeKind
 from tests.contract.broker_fixtures import SECRET, RabbitState, WebhookServer
@@ -85,9 +85,9 @@ def test_our_verify_accepts_what_the_reference_library_signs() -> None:
         "webhook-timestamp": str(int(now.timestamp())),
         "webhook-signature": signature,
     }
-    verify(SECRET, headers, body.encode())
+    verify_signature(SECRET, headers, body.encode())
     with pytest.raises(WebhookVerificationError):
-        verify(SECRET, headers, body.encode() + b"x")
+        verify_signature(SECRET, headers, body.encode() + b"x")
 
 
 def test_a_secret_without_base64_padding_is_accepted_like_the_reference_library() -> None:
@@ -101,16 +101,16 @@ def test_a_secret_without_base64_padding_is_accepted_like_the_reference_library(
         "webhook-timestamp": str(int(now.timestamp())),
         "webhook-signature": reference.sign("msg_2", now, "{}"),
     }
-    verify(unpadded, headers, b"{}")
+    verify_signature(unpadded, headers, b"{}")
     WebhookBroker.from_url("http://127.0.0.1:9/hook", secret=unpadded).close()
 
 
 def test_receiver_side_verify_imports_without_httpx() -> None:
     code = (
         "import sys; sys.modules['httpx'] = None\n"  # import httpx now raises ImportError
-        "from outbox_core.brokers.signing import verify, sign\n"
+        "from outbox_core.brokers.signing import verify_signature, sign\n"
         "import time; ts = int(time.time())\n"
-        f"verify({SECRET!r}, {{'webhook-id': 'm', 'webhook-timestamp': str(ts),"
+        f"verify_signature({SECRET!r}, {{'webhook-id': 'm', 'webhook-timestamp': str(ts),"
         f" 'webhook-signature': sign({SECRET!r}, 'm', ts, b'{{}}')}}, b'{{}}')\n"
         "assert 'httpx' not in sys.modules or sys.modules['httpx'] is None\n"
         "print('ok')\n"

@@ -32,7 +32,8 @@ from cloudevents.core.bindings import kafka as ce_kafka
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox_core.brokers.base import Broker, create_broker
-from outbox_core.brokers.kafka import KafkaBroker, KafkaOptions, every_broker_down
+from outbox_core.brokers.kafka import KafkaBroker, KafkaOptions
+from outbox_core.brokers.kafka.reports import every_broker_down
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, OutcomeKind
 from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)

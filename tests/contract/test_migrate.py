@@ -33,7 +33,7 @@ from sqlalchemy.dialects import mysql, postgresql
 from outbox_core import Outbox, State
 from outbox_core.brokers.memory import get_queue
 from outbox_core.message import build_new_event
-from outbox_core.migrate import migrate, verify
+from outbox_core.migrate import migrate, verify_migration
 from outbox_core.schema import OutboxTables
 from tests.conftest import BACKENDS, _probe, server_url, unavailable
 
@@ -281,11 +281,11 @@ def test_round_trip_sqlite_postgresql_mariadb_sqlite_keeps_every_field_and_the_o
         reports[hop] = report
         phases.done(f"migrate {hop}")
         if b is mariadb:  # JSONB against MariaDB's JSON text; the kill test verifies the others
-            checked = verify(a, b)
+            checked = verify_migration(a, b)
             assert checked.ok, checked.render()
             assert checked.created_at_digits == 6
             phases.done(f"verify {hop}")
-    end_to_end = verify(source, back)
+    end_to_end = verify_migration(source, back)
     assert end_to_end.ok, end_to_end.render()
     assert end_to_end.source_count == len(expected)
     phases.done("verify first -> last")
@@ -408,7 +408,7 @@ def test_verify_skips_created_at_where_the_target_keeps_less_precision(
     target = make(backend, tables=tables)
     fill(source, 50, keys=5)
     migrate(source, target)
-    checked = verify(source, target)
+    checked = verify_migration(source, target)
     assert checked.ok, checked.render()
     assert checked.created_at_digits is None
     assert "created_at not compared" in checked.notes[0]
@@ -537,7 +537,7 @@ def test_json_the_target_cannot_store_is_refused_naming_the_event(
     result = run(cli(source, target))
     if backend not in refused_by:  # SQLite and MariaDB store a NUL; SQLite a lone surrogate
         assert result.returncode == 0, result.stderr
-        assert verify(source, target).ok
+        assert verify_migration(source, target).ok
         return
     error = one_error_line(result)
     assert f"event {bad} (source id 6) does not fit the target" in error

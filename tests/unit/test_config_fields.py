@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import pytest
 
+from outbox_core.brokers.converters import cloudevents_source, optional_count
 from outbox_core.config import Settings, load_settings
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import checked, convert_fields, field_converters, from_values, setting
@@ -121,3 +122,18 @@ def test_settings_fields_are_all_derived() -> None:
     assert settings.replace(lease="1m").lease == 60.0
     with pytest.raises(ConfigurationError, match="run_length: must be at least 1"):
         settings.replace(run_length=0)
+
+
+def test_the_brokers_shared_converters() -> None:
+    count = optional_count("bytes")
+    assert count("1000", "max_message_size") == 1000
+    assert count(0, "max_message_size") is None
+    assert count(" None ", "max_message_size") is None
+    for bad in ("ten", -1, True):
+        with pytest.raises(
+            ConfigurationError, match="max_message_size: expected a number of bytes"
+        ):
+            count(bad, "max_message_size")
+    assert cloudevents_source("urn:orders", "source") == "urn:orders"
+    with pytest.raises(ConfigurationError, match="white space"):
+        cloudevents_source("a b", "source")

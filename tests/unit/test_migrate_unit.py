@@ -26,7 +26,7 @@ from outbox_core.migrate import (
     canonical_json,
     migrate,
     plan,
-    verify,
+    verify_migration,
 )
 from outbox_core.schema import AddColumn, OutboxTables
 
@@ -218,7 +218,7 @@ def test_every_state_is_mapped_and_a_rerun_copies_nothing(
     assert (with_sent.copied, with_sent.copied_by_state["sent"]) == (1, 1)
     sent = next(r for r in rows(target) if r.event_id == ids[3])
     assert (sent.state, sent.sent_at) == (int(State.SENT), NOW)
-    assert verify(source, target, include_sent=True).ok
+    assert verify_migration(source, target, include_sent=True).ok
 
 
 def test_a_late_event_that_would_land_behind_a_newer_one_of_its_key_is_refused(
@@ -237,7 +237,7 @@ def test_a_late_event_that_would_land_behind_a_newer_one_of_its_key_is_refused(
     assert len(rows(target)) == 5  # nothing of the batch was written
     forced = migrate(source, target, force=True)
     assert forced.copied == 1 and "out of order" in forced.warnings[0]
-    checked = verify(source, target)
+    checked = verify_migration(source, target)
     assert not checked.ok
     assert checked.differences[0].event_id == ids[3]
     assert "out of order within key 'k0'" in checked.differences[0].problem
@@ -301,13 +301,13 @@ def test_verify_names_a_changed_payload_a_missing_and_an_extra_event(
     source, target = sqlite_pair
     ids = produce(source, 20)
     migrate(source, target)
-    assert verify(source, target).ok
+    assert verify_migration(source, target).ok
     tt = target.table
     extra = produce(target, 1)[0]
     with target.engine.begin() as conn:
         conn.execute(sa.update(tt).where(tt.c.event_id == ids[4]).values(payload={"i": -1}))
         conn.execute(sa.delete(tt).where(tt.c.event_id == ids[9]))
-    checked = verify(source, target)
+    checked = verify_migration(source, target)
     assert not checked.ok
     problems = {d.event_id: d.problem for d in checked.differences}
     assert problems == {

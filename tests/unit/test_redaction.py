@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from outbox_core.brokers.base import create_broker
 from outbox_core.cli.logs import JsonFormatter, RedactingFilter, setup_logging
 from outbox_core.errors import ConfigurationError
-from outbox_core.outbox import sync_url
 from outbox_core.redaction import mask_url, redact
+from outbox_core.urls import sync_url
 
 SHAPES = [
     # well formed: everything but the password kept

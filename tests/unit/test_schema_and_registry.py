@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 
 from outbox_core import InvalidIdentifier, Outbox, UnknownBroker, UnknownDialect
@@ -9,8 +12,8 @@ from outbox_core.brokers.base import create_broker, known_schemes
 from outbox_core.dialects.base import get_dialect, known_dialects
 from outbox_core.dialects.mysql import check_version
 from outbox_core.errors import UnsupportedDatabase
-from outbox_core.outbox import sync_url
 from outbox_core.schema import OutboxTables
+from outbox_core.urls import install_command, sync_url
 
 
 @pytest.mark.parametrize(
@@ -98,6 +101,30 @@ def test_async_and_bare_urls_map_to_the_shipped_sync_drivers() -> None:
     assert sync_url("postgresql+asyncpg://h/db").drivername == "postgresql+psycopg"
     assert sync_url("mysql://h/db").drivername == "mysql+pymysql"
     assert sync_url("sqlite+aiosqlite:///x.db").drivername == "sqlite"
+
+
+def test_install_command_names_the_extra_of_a_driver_or_a_broker_scheme() -> None:
+    assert install_command("psycopg") == "pip install 'outbox-toolkit[postgresql]'"
+    assert install_command("aiosqlite") == "pip install 'outbox-toolkit[sqlite-async]'"
+    assert install_command("amqps") == "pip install 'outbox-toolkit[rabbitmq]'"
+    assert install_command("db2") is None
+
+
+def test_the_producer_says_once_it_read_the_server_on_the_fallback_engine(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "x.db"
+    outbox = Outbox(f"sqlite:///{db}")
+    outbox.install()
+    assert not outbox.producer.fallback_checked
+    conn = sqlite3.connect(db)  # a DB-API connection: no SQLAlchemy engine of its own
+    try:
+        outbox.enqueue(conn, "order.created", {"id": 1})
+        conn.commit()
+    finally:
+        conn.close()
+    assert outbox.producer.fallback_checked
+    outbox.dispose()
 
 
 def test_repr_masks_the_password() -> None:

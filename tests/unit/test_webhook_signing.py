@@ -8,8 +8,13 @@ from email.message import Message
 import httpx
 import pytest
 
-from outbox_core.brokers.signing import WebhookVerificationError, decode_secret, sign, verify
-from outbox_core.brokers.webhook import classify, parse_retry_after
+from outbox_core.brokers.signing import (
+    WebhookVerificationError,
+    decode_secret,
+    sign,
+    verify_signature,
+)
+from outbox_core.brokers.webhook import classify_response, parse_retry_after
 from outbox_core.errors import ConfigurationError
 from outbox_core.message import OutcomeKind
 
@@ -48,82 +53,82 @@ def test_invalid_secrets_are_configuration_errors(secret: str | bytes) -> None:
 
 
 def test_good_signature_passes() -> None:
-    verify(SECRET, headers(), BODY, now=TIMESTAMP + 10)
-    verify(SECRET, headers(), BODY.encode(), now=TIMESTAMP - 10)
+    verify_signature(SECRET, headers(), BODY, now=TIMESTAMP + 10)
+    verify_signature(SECRET, headers(), BODY.encode(), now=TIMESTAMP - 10)
 
 
 def test_header_names_are_case_insensitive_and_message_objects_work() -> None:
     upper = {name.upper(): value for name, value in headers().items()}
-    verify(SECRET, upper, BODY, now=TIMESTAMP)
+    verify_signature(SECRET, upper, BODY, now=TIMESTAMP)
     message = Message()
     for name, value in headers().items():
         message[name.title()] = value
-    verify(SECRET, message, BODY, now=TIMESTAMP)
-    verify(SECRET, httpx.Headers(headers()), BODY, now=TIMESTAMP)
-    verify(SECRET, list(headers().items()), BODY, now=TIMESTAMP)
+    verify_signature(SECRET, message, BODY, now=TIMESTAMP)
+    verify_signature(SECRET, httpx.Headers(headers()), BODY, now=TIMESTAMP)
+    verify_signature(SECRET, list(headers().items()), BODY, now=TIMESTAMP)
 
 
 def test_tampered_body_fails() -> None:
     with pytest.raises(WebhookVerificationError, match="does not match"):
-        verify(SECRET, headers(), BODY.replace("2432", "9999"), now=TIMESTAMP)
+        verify_signature(SECRET, headers(), BODY.replace("2432", "9999"), now=TIMESTAMP)
 
 
 def test_other_id_or_secret_fails() -> None:
     wrong_id = headers() | {"webhook-id": "msg_other"}
     with pytest.raises(WebhookVerificationError):
-        verify(SECRET, wrong_id, BODY, now=TIMESTAMP)
+        verify_signature(SECRET, wrong_id, BODY, now=TIMESTAMP)
     other_secret = "whsec_" + base64.b64encode(b"another secret of 24 bytes").decode()
     with pytest.raises(WebhookVerificationError):
-        verify(other_secret, headers(), BODY, now=TIMESTAMP)
+        verify_signature(other_secret, headers(), BODY, now=TIMESTAMP)
 
 
 def test_old_timestamp_fails_even_with_a_valid_signature() -> None:
     old = TIMESTAMP - 301
     signature = sign(SECRET, MSG_ID, old, BODY)
     with pytest.raises(WebhookVerificationError, match="too old"):
-        verify(SECRET, headers(signature, old), BODY, now=TIMESTAMP)
-    verify(SECRET, headers(signature, old), BODY, now=TIMESTAMP, tolerance=600)
+        verify_signature(SECRET, headers(signature, old), BODY, now=TIMESTAMP)
+    verify_signature(SECRET, headers(signature, old), BODY, now=TIMESTAMP, tolerance=600)
 
 
 def test_future_timestamp_fails() -> None:
     future = TIMESTAMP + 301
     signature = sign(SECRET, MSG_ID, future, BODY)
     with pytest.raises(WebhookVerificationError, match="future"):
-        verify(SECRET, headers(signature, future), BODY, now=TIMESTAMP)
+        verify_signature(SECRET, headers(signature, future), BODY, now=TIMESTAMP)
 
 
 def test_timestamp_defaults_to_now() -> None:
     with pytest.raises(WebhookVerificationError, match="too old"):
-        verify(SECRET, headers(), BODY)  # the vector is from 2021
+        verify_signature(SECRET, headers(), BODY)  # the vector is from 2021
 
 
 def test_multiple_signatures_any_match_passes() -> None:
     rotated = f"v1,bm90IHRoZSByaWdodCBvbmU= v1a,ignored {SIGNATURE}"
-    verify(SECRET, headers(rotated), BODY, now=TIMESTAMP)
-    verify(SECRET, headers(f"{SIGNATURE}  v1,Zm9v"), BODY, now=TIMESTAMP)
+    verify_signature(SECRET, headers(rotated), BODY, now=TIMESTAMP)
+    verify_signature(SECRET, headers(f"{SIGNATURE}  v1,Zm9v"), BODY, now=TIMESTAMP)
 
 
 def test_multiple_signatures_none_match_fails() -> None:
     with pytest.raises(WebhookVerificationError, match="does not match"):
-        verify(SECRET, headers("v1,Zm9v v1,YmFy"), BODY, now=TIMESTAMP)
+        verify_signature(SECRET, headers("v1,Zm9v v1,YmFy"), BODY, now=TIMESTAMP)
 
 
 def test_only_other_versions_fails() -> None:
     with pytest.raises(WebhookVerificationError, match="no v1 signature"):
-        verify(SECRET, headers("v2,Zm9v v1a,YmFy garbage"), BODY, now=TIMESTAMP)
+        verify_signature(SECRET, headers("v2,Zm9v v1a,YmFy garbage"), BODY, now=TIMESTAMP)
 
 
 @pytest.mark.parametrize("missing", ["webhook-id", "webhook-timestamp", "webhook-signature"])
 def test_missing_header_fails(missing: str) -> None:
     partial = {k: v for k, v in headers().items() if k != missing}
     with pytest.raises(WebhookVerificationError, match=f"missing {missing}"):
-        verify(SECRET, partial, BODY, now=TIMESTAMP)
+        verify_signature(SECRET, partial, BODY, now=TIMESTAMP)
 
 
 def test_non_integer_timestamp_fails() -> None:
     bad = headers() | {"webhook-timestamp": "yesterday"}
     with pytest.raises(WebhookVerificationError, match="integer"):
-        verify(SECRET, bad, BODY, now=TIMESTAMP)
+        verify_signature(SECRET, bad, BODY, now=TIMESTAMP)
 
 
 def test_verification_error_is_a_value_error() -> None:
@@ -167,17 +172,29 @@ def test_retry_after_seconds_and_http_date() -> None:
     ],
 )
 def test_status_classification(status: int, kind: OutcomeKind) -> None:
-    assert classify(status, "", httpx.Headers(), b"").kind is kind
+    assert classify_response(status, "", httpx.Headers(), b"").kind is kind
 
 
 def test_error_text_has_status_and_start_of_body() -> None:
-    outcome = classify(422, "Unprocessable Entity", httpx.Headers(), b"field\n  x " + b"y" * 400)
+    outcome = classify_response(
+        422, "Unprocessable Entity", httpx.Headers(), b"field\n  x " + b"y" * 400
+    )
     assert outcome.error is not None
     assert outcome.error.startswith("HTTP 422 Unprocessable Entity: field x yyy")
     assert len(outcome.error) <= len("HTTP 422 Unprocessable Entity: ") + 203
 
 
 def test_retry_after_is_passed_on() -> None:
-    outcome = classify(503, "Service Unavailable", httpx.Headers({"Retry-After": "42"}), b"")
+    outcome = classify_response(
+        503, "Service Unavailable", httpx.Headers({"Retry-After": "42"}), b""
+    )
     assert outcome.kind is OutcomeKind.RETRY
     assert outcome.retry_after == 42
+
+
+def test_the_old_name_of_verify_signature_still_works_with_a_warning() -> None:
+    from outbox_core.brokers import signing
+
+    with pytest.warns(DeprecationWarning, match="verify_signature"):
+        old = signing.verify  # type: ignore[attr-defined]
+    assert old is signing.verify_signature

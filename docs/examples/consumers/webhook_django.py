@@ -6,7 +6,7 @@ per Standard Webhooks, with the event id as the ``webhook-id`` header. For
 each request this view
 
 1. verifies the signature on the raw body (``request.body``, with
-   ``outbox_core.brokers.signing.verify``), and answers 401 when it does not
+   ``outbox_core.brokers.signing.verify_signature``), and answers 401 when it does not
    match: a 4xx makes the event dead at once;
 2. reads the envelope (``payload`` holds what the producer enqueued), and
    answers 422 when it cannot (204 for another topic: nothing to do);
@@ -48,7 +48,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from outbox_core.brokers.signing import WebhookVerificationError, verify
+from outbox_core.brokers.signing import WebhookVerificationError, verify_signature
 from outbox_core.contrib.django import inbox
 
 log = logging.getLogger("billing")
@@ -82,7 +82,7 @@ def receive_order_event(request: HttpRequest) -> HttpResponse:
     """``POST /webhooks/orders/``: verify, deduplicate, invoice; 204 once committed."""
     body = request.body  # the raw bytes: the signature covers exactly these
     try:
-        verify(settings.WEBHOOK_SECRET, request.headers, body)
+        verify_signature(settings.WEBHOOK_SECRET, request.headers, body)
     except WebhookVerificationError as exc:
         # Any 4xx but 408, 425 and 429 makes the event dead: no retry of a forgery.
         log.warning("refusing a webhook: %s", exc)

@@ -5,7 +5,7 @@ The webhook relay (``outbox relay --broker https://billing.example.com/webhooks/
 per Standard Webhooks, with the event id as the ``webhook-id`` header. For
 each request this receiver
 
-1. verifies the signature on the raw body (``outbox_core.brokers.signing.verify``),
+1. verifies the signature on the raw body (``outbox_core.brokers.signing.verify_signature``),
    and answers 401 when it does not match: a 4xx makes the event dead at once;
 2. reads the envelope (``payload`` holds what the producer enqueued), and
    answers 422 when it cannot (204 for another topic: nothing to do);
@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outbox_core import Inbox
-from outbox_core.brokers.signing import WebhookVerificationError, verify
+from outbox_core.brokers.signing import WebhookVerificationError, verify_signature
 
 log = logging.getLogger("billing")
 
@@ -107,7 +107,7 @@ def create_app(database_url: str | None = None, secret: str | None = None) -> Fa
     async def receive(request: Request) -> Response:
         body = await request.body()  # the raw bytes: the signature covers exactly these
         try:
-            verify(webhook_secret, request.headers, body)
+            verify_signature(webhook_secret, request.headers, body)
         except WebhookVerificationError as exc:
             # Any 4xx but 408, 425 and 429 makes the event dead: no retry of a forgery.
             log.warning("refusing a webhook: %s", exc)
