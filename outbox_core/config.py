@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outbox_core.errors import ConfigurationError
-from outbox_core.fields import checked, convert_fields, from_values, parse_size, setting
+from outbox_core.fields import (
+    checked,
+    convert_fields,
+    from_values,
+    parse_bool,
+    parse_size,
+    setting,
+)
 from outbox_core.redaction import mask_url
 
 #: The longest lease: a day. The relay's connections end a transaction left
@@ -84,10 +91,6 @@ class Settings:
     backoff_base: float = 1.0
     #: Longest wait between two attempts of an event, in seconds (or ``5m``).
     backoff_cap: float = 300.0
-    #: Per-key order: an event is published only once its key's earlier events are done
-    #: (sent, or dead: see ``block_on_dead``); the strategy is ``ordering``. Events
-    #: without a key are not ordered.
-    ordered: bool = False
     #: In ordered mode, up to this many consecutive events of a key per claim
     #: (1: only the head). A run is published one event after another; the
     #: first failure stops its key and the rest go back unpublished.
@@ -95,11 +98,14 @@ class Settings:
     #: A dead event holds back its key's later events until it is replayed (ordered
     #: mode; log tailing makes them dead behind it). Off: they are published without it.
     block_on_dead: bool = True
-    #: How ordered relays keep a key's order: ``partitions`` (each key hashed to one of
-    #: 256 partitions, shared among the live relays through a membership table with
-    #: heartbeats) or ``heads`` (each claim checks in SQL that a key has nothing unsent
-    #: before it: no membership, but slower, more so with many keys).
-    ordering: Literal["partitions", "heads"] = "partitions"
+    #: Per-key order, and how relays keep it: ``none`` (no order), ``partitions``
+    #: (an event is published only once its key's earlier events are done, sent or
+    #: dead (see ``block_on_dead``); each key hashed to one of 256 partitions, shared
+    #: among the live relays through a membership table with heartbeats) or
+    #: ``heads`` (the same order, each claim checking in SQL that a key has nothing
+    #: unsent before it: no membership, but slower, more so with many keys). Events
+    #: without a key are not ordered. ``ordered = true`` is read as ``partitions``.
+    ordering: Literal["none", "partitions", "heads"] = "none"
     #: Partitioned ordering: how often each relay writes its heartbeat, in seconds
     #: (or ``2s``).
     heartbeat: float = 2.0
@@ -171,6 +177,11 @@ class Settings:
                 f"got heartbeat {self.heartbeat:g}s, stale_after {self.stale_after:g}s"
             )
 
+    @property
+    def ordered(self) -> bool:
+        """Per-key order, by either strategy (``ordering`` is not ``none``)."""
+        return self.ordering != "none"
+
     def __repr__(self) -> str:
         # The URLs may hold passwords (userinfo or query): masked, like every log line.
         shown = ", ".join(
@@ -181,11 +192,33 @@ class Settings:
         return f"Settings({shown})"
 
     def replace(self, **changes: Any) -> Settings:
-        """A copy with ``changes`` applied (and converted)."""
+        """A copy with ``changes`` applied (and converted); ``ordered=`` sets ``ordering``."""
+        changes = ordering_alias(changes, self.ordering)
         return dataclasses.replace(self, **convert_fields(Settings, changes))
 
 
-_NAMES = frozenset(f.name for f in fields(Settings))
+def ordering_alias(values: Mapping[str, Any], current: str = "none") -> dict[str, Any]:
+    """``values`` with the shorthand ``ordered`` turned into ``ordering``.
+
+    ``ordered = true`` keeps a strategy given beside it (or ``current``),
+    else means ``partitions``; ``ordered = false`` means ``none``. Values may
+    be strings (the environment, the command line).
+    """
+    out = dict(values)
+    if "ordered" not in out:
+        return out
+    ordered = parse_bool(out.pop("ordered"), "ordered")
+    chosen = out.get("ordering", current if current != "none" else None)
+    if not ordered:
+        out["ordering"] = "none"
+    elif chosen in (None, "none"):
+        out["ordering"] = "partitions"
+    else:
+        out["ordering"] = chosen
+    return out
+
+
+_NAMES = frozenset(f.name for f in fields(Settings)) | {"ordered"}
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -228,8 +261,12 @@ def load_settings(
         path = Path(env["OUTBOX_CONFIG"])
     elif Path("outbox.toml").is_file():
         path = Path("outbox.toml")
+    layers: list[dict[str, Any]] = []
     if path is not None:
-        merged.update(_from_file(path))
-    merged.update(_from_env(env))
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        layers.append(_from_file(path))
+    layers.append(_from_env(env))
+    layers.append({k: v for k, v in (overrides or {}).items() if v is not None})
+    for layer in layers:
+        # A higher layer's ``ordered`` shorthand overrides a lower one's ``ordering``.
+        merged.update(ordering_alias(layer, merged.get("ordering", "none")))
     return from_values(Settings, merged)

@@ -63,7 +63,7 @@ from outbox_core.message import CycleResult, Event, Failure, Outcome, OutcomeKin
 from outbox_core.partitions import PARTITIONS, parse
 from outbox_core.redaction import redact
 from outbox_core.relay import BrokerState, DatabaseState, Relay, RelayObserver
-from outbox_core.relay.membership import Membership
+from outbox_core.relay.claims import Membership
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -63,7 +63,9 @@ if TYPE_CHECKING:
     "--backoff-cap", type=SettingValue("backoff_cap", "duration"), help="Longest retry backoff."
 )
 @click.option(
-    "--ordered/--unordered", default=None, help="Per-key order (the strategy: --ordering)."
+    "--ordered/--unordered",
+    default=None,
+    help="Shorthand: per-key order by key partitions (--ordering partitions), or none.",
 )
 @click.option(
     "--run-length",
@@ -73,9 +75,9 @@ if TYPE_CHECKING:
 @click.option("--block-on-dead/--skip-dead", default=None, help="A dead head blocks its key.")
 @click.option(
     "--ordering",
-    type=click.Choice(["partitions", "heads"]),
-    help="Ordered: key partitions shared by live relays, or head-of-key claims "
-    "[default: partitions].",
+    type=click.Choice(["none", "partitions", "heads"]),
+    help="Per-key order and its strategy: none, key partitions shared by live relays, "
+    "or heads of keys checked in SQL at each claim [default: none].",
 )
 @click.option(
     "--heartbeat",
@@ -145,7 +147,7 @@ def relay(
     try:
         outbox.check(
             ordered=settings.ordered,
-            partitioned=settings.ordered and settings.ordering == "partitions",
+            partitioned=settings.ordering == "partitions",
         )
     except BaseException:
         relay.close()

@@ -1,4 +1,4 @@
-"""The side threads of ``Relay.run()``: maintenance (leases, reap, cleanup) and LISTEN wake-ups.
+"""The side tasks of ``Relay.run()``: maintenance (leases, reap, cleanup), heartbeats, LISTEN.
 
 Maintenance is off the settle path (docs/design.md, Liveness): it runs on a
 thread and connection of its own, so a slow or blocked maintenance statement
@@ -8,17 +8,16 @@ never holds up claiming or settling.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from sqlalchemy.engine import Engine
+
+from outbox_core.dialects.base import Dialect
 from outbox_core.errors import DatabaseError
-from outbox_core.message import CycleResult
-from outbox_core.relay.connections import RETRY_MAX
+from outbox_core.relay.claims import Membership
+from outbox_core.relay.connections import RETRY_MAX, Connections
+from outbox_core.relay.control import Control
+from outbox_core.relay.cycle import Cycle
 from outbox_core.retry import Backoff
-
-if TYPE_CHECKING:
-    from outbox_core.relay.facade import Relay
 
 log = logging.getLogger("outbox.relay")
 
@@ -32,49 +31,41 @@ LISTEN_FIRST = 0.5
 LISTEN_QUIET_FAILURES = 3
 
 
-@dataclass
-class Due:
-    """A periodic task's schedule (monotonic clock); an interval of 0 never runs it."""
-
-    interval: float
-    next_at: float = 0.0
-
-    def ready(self, now: float) -> bool:
-        """True (and the next run scheduled) when the task is due at ``now``."""
-        if self.interval <= 0 or now < self.next_at:
-            return False
-        self.next_at = now + self.interval
-        return True
-
-
-def maintain(relay: Relay) -> None:
+class Maintenance:
     """Renew leases in flight, reap and clean up when due, until the relay stops.
 
     Errors are logged and retried with backoff.
     """
-    tick = min(max(relay.settings.lease / 10, 0.05), 1.0)
-    errors = Backoff(2 * tick, ERROR_MAX, jitter=0.2)
-    outage = Backoff(min(2 * tick, RETRY_MAX), RETRY_MAX, jitter=0.2)
-    wait = tick
-    while not relay._stop.wait(wait):
-        try:
-            relay.keep_leases()
-            reaped = relay.reap() if relay._reap.ready(time.monotonic()) else 0
-            cleaned = relay.cleanup() if relay._cleanup.ready(time.monotonic()) else 0
-            if reaped or cleaned:
-                relay._finish(CycleResult(reaped=reaped, cleaned=cleaned))
-            wait = tick
-            errors.reset()
-            outage.reset()
-        except DatabaseError as exc:
-            wait = (outage if exc.transient else errors).next()
-            relay.connections.log_failure(exc, "maintenance: ", wait)
-        except Exception:
-            wait = errors.next()
-            log.exception("maintenance failed")
+
+    name = "outbox-maintain"
+    join_timeout = 30.0
+
+    def __init__(self, cycle: Cycle) -> None:
+        self.cycle = cycle
+        #: How often leases in flight are looked at: a tenth of a lease, 0.05 to 1 s.
+        self.tick = min(max(cycle.settings.lease / 10, 0.05), 1.0)
+
+    def run(self) -> None:
+        """Loop until the relay stops."""
+        cycle = self.cycle
+        errors = Backoff(2 * self.tick, ERROR_MAX, jitter=0.2)
+        outage = Backoff(min(2 * self.tick, RETRY_MAX), RETRY_MAX, jitter=0.2)
+        wait = self.tick
+        while not cycle.control.sleep(wait):
+            try:
+                cycle.maintain()
+                wait = self.tick
+                errors.reset()
+                outage.reset()
+            except DatabaseError as exc:
+                wait = (outage if exc.transient else errors).next()
+                cycle.connections.log_failure(exc, "maintenance: ", wait)
+            except Exception:
+                wait = errors.next()
+                log.exception("maintenance failed")
 
 
-def listen(relay: Relay) -> None:
+class Listener:
     """Wake the relay on the database's notifications (PostgreSQL LISTEN).
 
     Losing LISTEN only slows wake-ups to polling, and a database restart
@@ -82,51 +73,75 @@ def listen(relay: Relay) -> None:
     connections): it is logged only when it keeps failing while the
     database answers.
     """
-    # LISTEN is only a wake-up (claims poll meanwhile): retry as often as
-    # claims do, so wake-ups resume as soon as the database is back.
-    waits = Backoff(LISTEN_FIRST, RETRY_MAX, jitter=0.2)
-    stop = relay._stop
-    while not stop.is_set():
-        try:
-            listener = relay.dialect.enqueue.listener(relay.engine)
-        except Exception as exc:
-            wait = waits.next()
-            own_problem = relay.database_state.up and waits.failures >= LISTEN_QUIET_FAILURES
-            level = logging.WARNING if own_problem else logging.DEBUG
-            log.log(level, "LISTEN failed (%s); polling, retrying in %.1fs", exc, wait)
-            stop.wait(wait)
-            continue
-        if listener is None:
-            return  # this database has no notifications: polling only
-        waits.reset()
-        try:
-            while not stop.is_set():
-                if listener.wait(0.5):
-                    relay.wake()
-        except Exception as exc:
-            log.debug("LISTEN connection lost (%s); reconnecting", exc)
-        finally:
-            listener.close()
+
+    name = "outbox-listen"
+    join_timeout = 5.0
+
+    def __init__(
+        self, dialect: Dialect, engine: Engine, control: Control, connections: Connections
+    ) -> None:
+        self.dialect = dialect
+        self.engine = engine
+        self.control = control
+        self.connections = connections
+
+    def run(self) -> None:
+        """Loop until the relay stops (at once where the database has no notifications)."""
+        # LISTEN is only a wake-up (claims poll meanwhile): retry as often as
+        # claims do, so wake-ups resume as soon as the database is back.
+        waits = Backoff(LISTEN_FIRST, RETRY_MAX, jitter=0.2)
+        control = self.control
+        while not control.stopping:
+            try:
+                listener = self.dialect.enqueue.listener(self.engine)
+            except Exception as exc:
+                wait = waits.next()
+                own_problem = self.connections.state.up and waits.failures >= LISTEN_QUIET_FAILURES
+                level = logging.WARNING if own_problem else logging.DEBUG
+                log.log(level, "LISTEN failed (%s); polling, retrying in %.1fs", exc, wait)
+                control.sleep(wait)
+                continue
+            if listener is None:
+                return  # this database has no notifications: polling only
+            waits.reset()
+            try:
+                while not control.stopping:
+                    if listener.wait(0.5):
+                        control.wake()
+            except Exception as exc:
+                log.debug("LISTEN connection lost (%s); reconnecting", exc)
+            finally:
+                listener.close()
 
 
-def heartbeats(relay: Relay) -> None:
+class Heartbeats:
     """Partitioned ordering: heartbeat and rebalance on a thread and connection of their own.
 
     Apart from claims and maintenance, so a slow claim or reap never makes
     this relay look stale to the others.
     """
-    membership = relay.membership
-    assert membership is not None
-    errors = Backoff(membership.heartbeat / 2, membership.heartbeat, jitter=0.2)
-    wait = 0.0
-    while not relay._stop.wait(wait):
-        try:
-            membership.tick()
-            wait = membership.heartbeat / 4
-            errors.reset()
-        except DatabaseError as exc:
-            wait = errors.next()
-            relay.connections.log_failure(exc, "membership: ", wait)
-        except Exception:
-            wait = errors.next()
-            log.exception("membership failed")
+
+    name = "outbox-members"
+    join_timeout = 10.0
+
+    def __init__(self, membership: Membership, control: Control, connections: Connections) -> None:
+        self.membership = membership
+        self.control = control
+        self.connections = connections
+
+    def run(self) -> None:
+        """Loop until the relay stops."""
+        membership = self.membership
+        errors = Backoff(membership.heartbeat / 2, membership.heartbeat, jitter=0.2)
+        wait = 0.0
+        while not self.control.sleep(wait):
+            try:
+                membership.tick()
+                wait = membership.heartbeat / 4
+                errors.reset()
+            except DatabaseError as exc:
+                wait = errors.next()
+                self.connections.log_failure(exc, "membership: ", wait)
+            except Exception:
+                wait = errors.next()
+                log.exception("membership failed")

@@ -12,26 +12,51 @@ round trip for an order nobody was promised.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from outbox_core import tracing
 from outbox_core.brokers.base import Broker
 from outbox_core.message import Event, Outcome
+from outbox_core.relay.breaker import Breaker
 
 log = logging.getLogger("outbox.relay")
 
 
 class Delivery:
-    """Publishes batches through the broker (with producer spans when tracing is on)."""
+    """Publishes batches through the broker (with producer spans when tracing is on).
 
-    def __init__(self, broker: Broker, *, ordered: bool, runs: bool) -> None:
+    Every relay publishes through :meth:`send`, the one place where an
+    interrupted publish gives its events back and where the broker's answers
+    open or close the :class:`~outbox_core.relay.breaker.Breaker`.
+    """
+
+    def __init__(self, broker: Broker, breaker: Breaker, *, ordered: bool, runs: bool) -> None:
         self.broker = broker
+        self.breaker = breaker
         #: Producer spans per event when opentelemetry is installed.
         self.tracer = tracing.tracer_for(broker)
         #: A batch holding two events of one key goes in waves: the claim holds runs of
         #: a key (a failure must stop the key's later events), or, ordered, the broker
         #: may reorder a batch. A batch without a repeated key is one wave either way.
         self.waves = runs or (ordered and not broker.keeps_batch_order)
+
+    def send(
+        self, events: Sequence[Event], *, interrupted: Callable[[], object] | None = None
+    ) -> Sequence[Outcome | None]:
+        """Publish a batch (:meth:`deliver`) and tell the breaker how the broker answered.
+
+        Interrupted mid-publish (a second signal), ``interrupted`` runs
+        before the interrupt goes on: a polling relay gives its claims back
+        at once rather than leave them leased until the lease expires.
+        """
+        try:
+            outcomes = self.deliver(events)
+        except (KeyboardInterrupt, SystemExit):
+            if interrupted is not None:
+                interrupted()
+            raise
+        self.breaker.note(outcomes)
+        return outcomes
 
     def deliver(self, events: Sequence[Event]) -> Sequence[Outcome | None]:
         """Publish a batch: one outcome per event, ``None`` for one not published.

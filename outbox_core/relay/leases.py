@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outbox_core.dialects.base import Dialect
@@ -58,8 +57,6 @@ class Leases:
         self.lease = lease
         self._inflight: dict[str, Claim] = {}
         self._lock = threading.Lock()
-        #: Called with the token of each batch forgotten (settled or given back).
-        self.on_forget: list[Callable[[str], None]] = []
 
     def track(self, claim: Claim) -> None:
         """``claim`` is in flight: renew its lease until it is forgotten."""
@@ -70,8 +67,6 @@ class Leases:
         """The batch of ``token`` is settled or released: stop renewing its lease."""
         with self._lock:
             self._inflight.pop(token, None)
-        for listener in self.on_forget:
-            listener(token)
 
     def renew(self, claim: Claim, *, drop_lost: bool) -> None:
         """Renew ``claim``'s lease; with ``drop_lost``, keep only the events still held.
@@ -121,7 +116,7 @@ class Leases:
             claim.events = []
         return claim
 
-    def keep(self) -> int:
+    def renew_due(self) -> int:
         """Renew the leases of batches in flight whose lease is a third gone; return how many.
 
         A batch is renewed for at most :data:`MAX_RENEWED_LEASES` leases from

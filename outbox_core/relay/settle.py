@@ -112,11 +112,6 @@ def log_failures(plan: SettlePlan) -> None:
         )
 
 
-def write(conn: Connection, dialect: Dialect, plan: SettlePlan, *, delete: bool) -> Written:
-    """Tx 2: mark sent / failed and release, every write fenced by the plan's token."""
-    return Writer(dialect, plan, delete=delete)(conn)
-
-
 @dataclass
 class Writer:
     """Writes one plan step by step; called again after a broken connection, it goes on

@@ -55,11 +55,11 @@ from outbox_core.dialects.postgresql.wal.table import WalTable
 from outbox_core.errors import DatabaseError
 from outbox_core.message import CycleResult, Event, Outcome
 from outbox_core.relay import settle
-from outbox_core.relay.background import Due
 from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.lifecycle import Closing
 from outbox_core.relay.observers import RelayObserver
+from outbox_core.relay.schedule import Every
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
 from outbox_core.retry import Backoff, RetryPolicy
@@ -165,7 +165,7 @@ class WalRelay(Closing):
         self.observers: list[RelayObserver] = []
         self.breaker = Breaker(broker, self.observers)
         # runs=True: a key's later events in a batch go only once its earlier one is accepted.
-        self.delivery = Delivery(broker, ordered=True, runs=True)
+        self.delivery = Delivery(broker, self.breaker, ordered=True, runs=True)
         self.stream: WalStream | None = None
         self._stop = threading.Event()
         self._seq = itertools.count()
@@ -185,7 +185,7 @@ class WalRelay(Closing):
         #: Events handed to the table and published from it (counted in ``published``).
         self.deferred = 0
         self._idle_confirmed_at = 0.0
-        self._cleanup = Due(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
+        self._cleanup = Every(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
         #: Monotonic time of the last progress report, and whether a confirm came since.
         self._reported_at = 0.0
         self._unreported = False
@@ -792,7 +792,7 @@ class WalRelay(Closing):
         # Soon after a confirm: the next reader of the slot starts there, even after a crash.
         if since >= REPORT_EVERY or (self._unreported and since >= PROGRESS_EVERY):
             self.report(stream)
-        if self._cleanup.ready(now):
+        if self._cleanup.due(now):
             self.cleanup()
         self._last_cycle_at = time.time()
 

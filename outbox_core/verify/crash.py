@@ -215,7 +215,7 @@ class _Run:
             "OUTBOX_VERIFY_SINK": str(self.sink_file),
             # Publishing takes a moment, as with a real broker: kills land mid-batch too.
             "OUTBOX_VERIFY_PUBLISH_SECONDS": "0.03",
-            "OUTBOX_ORDERED": "true" if self.ordered else "false",
+            "OUTBOX_ORDERING": "partitions" if self.ordered else "none",
             "OUTBOX_LEASE": LEASE,
             "OUTBOX_BATCH_SIZE": "50",
             "OUTBOX_MAX_ATTEMPTS": "1000",

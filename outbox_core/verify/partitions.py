@@ -42,7 +42,6 @@ def _quiet_relays() -> Iterator[None]:
 
 def _relay(ctx: Context, queue: MemoryQueue, **settings: Any) -> Relay:
     options: dict[str, Any] = {
-        "ordered": True,
         "ordering": "partitions",
         "batch_size": 100,
         "cleanup_after": 0,
@@ -80,20 +79,20 @@ def partition_handover(ctx: Context) -> str:
     a = _relay(ctx, queue, batch_size=4 * len(keys))
     b = _relay(ctx, queue, batch_size=4 * len(keys))
     try:
-        held = a._claim()  # every key's first event, in flight at a
+        held = a.cycle.claim()  # every key's first event, in flight at a
         expect(_keys(held) == set(keys), f"the first claim took {len(held.events)} heads")
         assert b.membership is not None
         b.membership.tick()  # b joins: about half the partitions move to it
         gained = _share(b)
         expect(bool(gained), "the joining relay was given no partition")
-        overtaking = _keys(b._claim()) & _keys(held)
+        overtaking = _keys(b.cycle.claim()) & _keys(held)
         expect(
             not overtaking,
             f"the new owner claimed {len(overtaking)} keys whose earlier event was still "
             f"in flight at the previous owner, e.g. {sorted(overtaking)[:3]}",
         )
-        a._settle(held, [Outcome.ok() for _ in held.events], CycleResult())
-        after = b._claim()
+        a.cycle.settle(held, [Outcome.ok() for _ in held.events], CycleResult())
+        after = b.cycle.claim()
         expect(bool(after.events), "the new owner claimed nothing once the old owner settled")
         return f"{len(gained)} partitions moved; none of their keys overtaken"
     finally:

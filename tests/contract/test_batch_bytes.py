@@ -245,8 +245,8 @@ def test_a_claim_stopped_by_its_budget_tells_the_relay_more_is_waiting(
         relay = outbox.relay(MemoryBroker(queue), batch_bytes=max_bytes, **knobs)
         try:
             # The pipeline claims ahead of publishing where more is waiting.
-            claim = relay._claim()
+            claim = relay.cycle.claim()
             assert (len(claim.events), claim.more) == (taken, more)
-            relay._release(claim.events, claim.token)
+            relay.cycle.release(claim)
         finally:
             relay.close()

@@ -204,8 +204,8 @@ def test_enqueue_async_wakes_in_process_relays_at_commit_like_enqueue(
             async with engine.begin() as conn:
                 await outbox.enqueue_async(conn, "t", {"n": 1})
                 await outbox.enqueue_async(conn, "t", {"n": 2})
-                woken.append(relay._wake.is_set())  # not before the commit
-            woken.append(relay._wake.is_set())
+                woken.append(relay.control.woken)  # not before the commit
+            woken.append(relay.control.woken)
         finally:
             await engine.dispose()
 

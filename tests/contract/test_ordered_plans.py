@@ -76,8 +76,8 @@ class Measured:
 
 def settle_ok(relay: Relay, claim: Claim) -> None:
     outcomes = [Outcome.ok() for _ in claim.events]
-    relay._published(claim, outcomes)
-    relay._settle(claim, outcomes, CycleResult())
+    relay.cycle.published(claim, outcomes)
+    relay.cycle.settle(claim, outcomes, CycleResult())
 
 
 def measure(url: str, settings: Sequence[str], ordering: str, in_one: bool) -> Measured:
@@ -116,8 +116,8 @@ def measure(url: str, settings: Sequence[str], ordering: str, in_one: bool) -> M
             notify=False,
         )
         for _ in range(SETTLED):
-            settle_ok(relay, relay._claim())
-        in_flight = relay._claim()  # its keys are held back from the claims below
+            settle_ok(relay, relay.cycle.claim())
+        in_flight = relay.cycle.claim()  # its keys are held back from the claims below
         assert in_flight.events
         conn = relay.connections.get()
         table = outbox.table.name
@@ -125,13 +125,11 @@ def measure(url: str, settings: Sequence[str], ordering: str, in_one: bool) -> M
         for _ in range(MEASURED):
             with conn.begin() as tx:
                 before = conn.execute(ROWS_READ, {"t": table}).scalar_one()
-                claim = relay._claim()
+                claim = relay.cycle.claim()
                 after = conn.execute(ROWS_READ, {"t": table}).scalar_one()
                 tx.rollback()
             # Rolled back: nothing is in flight, its lanes are free again.
-            if relay.owned is not None:
-                relay.owned.settled(claim.token)
-            relay.leases.forget(claim.token)
+            relay.cycle.forget(claim.token)
             measured.claims.append([e.id for e in claim.events])
             measured.rows.append(int(after - before))
         return measured
@@ -152,8 +150,12 @@ def test_a_generic_plan_claims_the_same_rows_reading_no_more(
     generic = measure(pg_url, GENERIC, ordering, in_one)
     assert all(custom.claims), "every measured claim took events"
     assert generic.claims == custom.claims
-    # Generous: equal plans read the same; a plan that walks the sent rows reads thousands.
-    bound = 2 * max(custom.rows) + 200
+    # Generous: equal plans read the same; a plan that walks the sent rows reads
+    # thousands. The two runs are on separate tables, and a settled row's dead
+    # entry in the pending index is read once more wherever another session on
+    # the server (a parallel test) still holds the snapshot that sees it: up
+    # to the settled rows, in one run and not the other.
+    bound = 2 * max(custom.rows) + SETTLED * BATCH + 200
     assert max(generic.rows) <= bound, (
         f"generic plans read {generic.rows} rows a claim, custom plans {custom.rows}"
     )

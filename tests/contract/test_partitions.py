@@ -1,6 +1,6 @@
 """Partitioned ordered relays on every database: membership, the split, handover and its fence.
 
-Relays here are driven claim by claim (``Relay._claim`` / ``_settle``), so a
+Relays here are driven claim by claim (``relay.cycle.claim`` / ``settle``), so a
 test can hold one relay's batch in flight while the membership changes:
 
 - one relay owns every partition, and leaving hands them over at once;
@@ -90,7 +90,7 @@ def share(relay: Relay) -> set[int]:
 
 
 def settle_ok(relay: Relay, claim: Claim) -> None:
-    relay._settle(claim, [Outcome.ok() for _ in claim.events], CycleResult())
+    relay.cycle.settle(claim, [Outcome.ok() for _ in claim.events], CycleResult())
 
 
 def keys_of(claim: Claim) -> set[str]:
@@ -102,14 +102,14 @@ def test_one_relay_owns_every_partition_and_leaving_hands_them_over(
 ) -> None:
     order = enqueue(outbox, [f"k{i}" for i in range(20)], 2)
     a = new_relay(outbox, relays)
-    first = a._claim()
+    first = a.cycle.claim()
     assert share(a) == set(range(PARTITIONS))
     # Heads only (run length 1): the first event of every key.
     assert sorted(e.event_id for e in first.events) == sorted(ids[0] for ids in order.values())
     # Its second events wait while the heads are in flight.
-    assert a._claim().events == []
+    assert a.cycle.claim().events == []
     settle_ok(a, first)
-    second = a._claim()
+    second = a.cycle.claim()
     assert sorted(e.event_id for e in second.events) == sorted(ids[1] for ids in order.values())
     settle_ok(a, second)
     b = new_relay(outbox, relays)
@@ -134,7 +134,7 @@ def test_two_relays_split_the_partitions_and_claim_only_their_own_keys(
     seen: dict[str, list[int]] = {}
     for _ in range(3):
         for relay, mine in ((a, mine_a), (b, mine_b)):
-            claim = relay._claim()
+            claim = relay.cycle.claim()
             for event in claim.events:
                 assert event.key is not None
                 assert partition_of(event.key, event.event_id) in mine
@@ -149,7 +149,7 @@ def handover(outbox: Outbox, relays: list[Relay], *, wait_for_leases: bool) -> s
     keys = [f"h{i}" for i in range(64)]
     enqueue(outbox, keys, 2)
     a = new_relay(outbox, relays)
-    held = a._claim()  # the head of every key, in flight at a
+    held = a.cycle.claim()  # the head of every key, in flight at a
     assert keys_of(held) == set(keys)
     b = new_relay(outbox, relays)
     b.membership.tick()  # type: ignore[union-attr]  # joins: half of a's partitions move to b
@@ -157,9 +157,9 @@ def handover(outbox: Outbox, relays: list[Relay], *, wait_for_leases: bool) -> s
     if not wait_for_leases:
         # The broken strategy: a gained partition is claimed as if nothing of
         # it were in flight elsewhere.
-        assert b.owned is not None
-        b.owned.statements = NoHandoverWait(b.owned.statements)
-    overtaking = keys_of(b._claim()) & keys_of(held)
+        assert b.claimer is not None
+        b.claimer.statements = NoHandoverWait(b.claimer.statements)
+    overtaking = keys_of(b.cycle.claim()) & keys_of(held)
     settle_ok(a, held)
     return overtaking
 
@@ -170,7 +170,7 @@ def test_a_gained_partition_waits_for_the_previous_owners_events_in_flight(
     assert handover(outbox, relays, wait_for_leases=True) == set()
     # Once the previous owner settled, the gaining relay takes the next events.
     b = relays[1]
-    claim = b._claim()
+    claim = b.cycle.claim()
     assert claim.events and all(
         partition_of(e.key, e.event_id) in share(b) for e in claim.events if e.key
     )
@@ -219,7 +219,7 @@ def test_a_silent_relay_goes_stale_and_joins_again_when_it_wakes(
     assert share(a) == set()
     # a wakes: its heartbeat finds its row gone, it joins again (a fenced
     # rebalance) and claims only from its new share.
-    claim = a._claim()
+    claim = a.cycle.claim()
     mine_a, mine_b = share(a), share(b)
     assert mine_a and mine_b and not mine_a & mine_b
     assert claim.events and all(partition_of(e.key, e.event_id) in mine_a for e in claim.events)
@@ -239,7 +239,7 @@ def test_rows_without_a_partition_go_to_the_relay_their_key_hashes_to(
     got: dict[str, list[str]] = {}
     for _ in range(2):
         for relay in (a, b):
-            claim = relay._claim()
+            claim = relay.cycle.claim()
             for e in claim.events:
                 assert e.key is not None
                 assert partition_of(e.key, e.event_id) in share(relay)
@@ -308,11 +308,11 @@ def test_metrics_show_the_share_its_changes_and_its_oldest_pending_event(
     enqueue(outbox, [f"m{i}" for i in range(30)], 1)
     a = new_relay(outbox, relays)
     assert a.membership is not None
-    claim = a._claim()
+    claim = a.cycle.claim()
     settle_ok(a, claim)
     b = new_relay(outbox, relays)
     b.membership.tick()  # type: ignore[union-attr]
-    a._claim()  # reads its new, smaller share
+    a.cycle.claim()  # reads its new, smaller share
     enqueue(outbox, ["late"], 1)
     values = {m.name: m.samples[0].value for m in PartitionCollector(a, a.membership).collect()}
     assert values["outbox_partitions_owned"] == len(share(a)) < PARTITIONS
@@ -348,7 +348,7 @@ def test_a_table_from_the_previous_version_keeps_working_until_install_adds_the_
             parts = list(conn.execute(sa.select(t.c.key_partition).order_by(t.c.id)).scalars())
         assert parts == [None, None, None, None, partition_of("k", "")]
         a = new_relay(outbox, relays, run_length=10)
-        claim = a._claim()
+        claim = a.cycle.claim()
         assert [e.event_id for e in claim.events] == ids
     finally:
         old.dispose()
@@ -367,7 +367,7 @@ def test_a_dead_key_holds_back_its_events_whatever_the_collation(
             .values(state=3)
         )
     a = new_relay(outbox, relays)
-    assert a._claim().events == []
+    assert a.cycle.claim().events == []
 
 
 def test_one_keys_deep_backlog_does_not_hide_the_keys_after_it(
@@ -376,7 +376,7 @@ def test_one_keys_deep_backlog_does_not_hide_the_keys_after_it(
     enqueue(outbox, ["hot"], 2000)
     later = enqueue(outbox, [f"k{i}" for i in range(50)], 1)
     a = new_relay(outbox, relays, batch_size=100)
-    first = a._claim()
+    first = a.cycle.claim()
     got = {e.key for e in first.events}
     assert "hot" in got
     assert got >= set(later), f"only {len(got)} keys in the first claim"
@@ -410,12 +410,12 @@ def test_a_relay_with_few_keys_claims_in_one_statement(
     for _ in range(8):
         # Both lanes free: the claim reads one (about 40 keys, under half the
         # batch), then the other with what is left of the batch.
-        claim = a._claim()
+        claim = a.cycle.claim()
         assert len(claim.events) == 80
         for event in claim.events:
             assert event.key is not None
             seen[event.key].append(event.event_id)
-        a._published(claim, [Outcome.ok() for _ in claim.events])
+        a.cycle.published(claim, [Outcome.ok() for _ in claim.events])
         settle_ok(a, claim)
     assert reads == [], f"{len(reads)} claims read the window in Python"
     for key, ids in seen.items():
@@ -429,14 +429,14 @@ def test_a_claim_that_took_all_that_is_pending_says_there_is_no_more(
     (or a wake-up) rather than claim again at once, and again."""
     enqueue(outbox, [f"k{i}" for i in range(6)], 1)
     a = new_relay(outbox, relays, batch_size=100)
-    claim = a._claim()
+    claim = a.cycle.claim()
     assert len(claim.events) == 6
     assert not claim.more
     # Runs of a key: the window's rows past the run are more to come.
     enqueue(outbox, ["k0"], 3)
-    a._published(claim, [Outcome.ok() for _ in claim.events])
+    a.cycle.published(claim, [Outcome.ok() for _ in claim.events])
     settle_ok(a, claim)
-    claim = a._claim()
+    claim = a.cycle.claim()
     assert [e.key for e in claim.events] == ["k0"]
     assert claim.more
 
@@ -448,13 +448,13 @@ def test_a_relay_that_started_on_a_quiet_table_fills_its_batches_when_a_backlog_
     table (the smallest) grows again when it runs out before the batch is full."""
     a = new_relay(outbox, relays, batch_size=500)
     for _ in range(3):
-        assert a._claim().events == []
+        assert a.cycle.claim().events == []
     enqueue(outbox, [f"k{i}" for i in range(1000)], 6)
     sizes = []
     for _ in range(10):
-        claim = a._claim()
+        claim = a.cycle.claim()
         sizes.append(len(claim.events))
-        a._published(claim, [Outcome.ok() for _ in claim.events])
+        a.cycle.published(claim, [Outcome.ok() for _ in claim.events])
         settle_ok(a, claim)
     # The window doubles while it runs out first: a full batch within a few claims.
     assert sizes[-3:] == [500, 500, 500], sizes
@@ -465,15 +465,15 @@ def test_a_key_goes_on_once_the_broker_took_its_event_not_when_it_asked_for_a_re
 ) -> None:
     order = enqueue(outbox, ["took", "retry"], 2)
     a = new_relay(outbox, relays)
-    first = a._claim()
+    first = a.cycle.claim()
     assert sorted(e.event_id for e in first.events) == sorted([order["took"][0], order["retry"][0]])
     outcomes = [Outcome.ok() if e.key == "took" else Outcome.retry("no") for e in first.events]
-    a._published(first, outcomes)
+    a.cycle.published(first, outcomes)
     # Not settled yet: the broker has "took"'s first event, so its second may
     # go; "retry"'s second waits for its first.
-    second = a._claim()
+    second = a.cycle.claim()
     assert [e.event_id for e in second.events] == [order["took"][1]]
-    a._settle(first, outcomes, CycleResult())
+    a.cycle.settle(first, outcomes, CycleResult())
     settle_ok(a, second)
 
 
@@ -482,14 +482,14 @@ def test_claims_in_flight_side_by_side_take_one_lane_each(
 ) -> None:
     enqueue(outbox, [f"lane-{i}" for i in range(400)], 2)
     a = new_relay(outbox, relays, batch_size=100)
-    assert a.owned is not None
-    lanes = a.owned.lanes.count
+    assert a.claimer is not None
+    lanes = a.claimer.lanes.count
     # Two on the databases with row locks (two claims in flight), one on SQLite.
     assert lanes == a.claim_depth
-    claims = [a._claim() for _ in range(lanes)]  # none published yet
+    claims = [a.cycle.claim() for _ in range(lanes)]  # none published yet
     # The only relay owns every partition; lane n is the n-th run of them.
     everything = frozenset(range(PARTITIONS))
-    lane_of = {p: n for n in range(lanes) for p in a.owned.lanes.share(everything, [n])}
+    lane_of = {p: n for n in range(lanes) for p in a.claimer.lanes.share(everything, [n])}
     used = [{lane_of[partition_of(e.key, e.event_id)] for e in c.events} for c in claims]
     assert all(len(c.events) == 100 for c in claims)
     assert all(len(u) == 1 for u in used) and set().union(*used) == set(range(lanes))
@@ -504,17 +504,17 @@ def test_a_relay_among_others_claims_in_its_whole_share_at_once(
     holds): the fleet is the parallelism, and half the claims move the same events."""
     enqueue(outbox, [f"fleet-{i}" for i in range(1000)], 1)
     a, b = new_relay(outbox, relays, batch_size=100), new_relay(outbox, relays)
-    assert a.owned is not None and a.membership is not None and b.membership is not None
+    assert a.claimer is not None and a.membership is not None and b.membership is not None
     a.membership.tick()
     b.membership.tick()
     a.membership.tick()
     mine = frozenset(share(a))
     assert 0 < 2 * len(mine) <= PARTITIONS
-    lanes = a.owned.lanes.count
-    lane_of = {p: n for n in range(lanes) for p in a.owned.lanes.share(mine, [n])}
-    first = a._claim()  # learns its share (the first claim of a relay takes one lane)
-    a._release(first.events, first.token)
-    claim = a._claim()
+    lanes = a.claimer.lanes.count
+    lane_of = {p: n for n in range(lanes) for p in a.claimer.lanes.share(mine, [n])}
+    first = a.cycle.claim()  # learns its share (the first claim of a relay takes one lane)
+    a.cycle.release(first)
+    claim = a.cycle.claim()
     assert len(claim.events) == 100
     used = {lane_of[partition_of(e.key, e.event_id)] for e in claim.events if e.key}
     if lanes > 1:
@@ -553,19 +553,17 @@ def test_a_claim_that_fails_after_leasing_rolls_back_and_gives_its_lanes_back(
 ) -> None:
     order = enqueue(outbox, [f"f{i}" for i in range(8)], 1)
     a = new_relay(outbox, relays, batch_size=100)
-    assert a.owned is not None and a.membership is not None
+    assert a.claimer is not None and a.membership is not None
     a.membership.tick()
-    lanes = a.owned.lanes.count
+    lanes = a.claimer.lanes.count
     # A quiet table: the claim reads every lane, and the last lane's lease fails.
-    inner = a.owned.statements
-    a.owned.statements = FailingLease(inner, fail_at=lanes)
+    inner = a.claimer.statements
+    a.claimer.statements = FailingLease(inner, fail_at=lanes)
     with a.engine.connect() as conn, pytest.raises(RuntimeError):
-        a.owned.claim(
-            conn, limit=100, lease=LEASE, token="t-fail", run_length=1, block_on_dead=True
-        )
-    assert a.owned.lanes.free() == lanes
-    a.owned.statements = inner
-    again = a._claim()  # nothing stayed leased: every event is claimed again
+        a.claimer.claim_on(conn, token="t-fail")
+    assert a.claimer.lanes.free() == lanes
+    a.claimer.statements = inner
+    again = a.cycle.claim()  # nothing stayed leased: every event is claimed again
     assert sorted(e.event_id for e in again.events) == sorted(i[0] for i in order.values())
     settle_ok(a, again)
 

@@ -65,7 +65,9 @@ def test_settings_passed_to_relay_keep_block_on_dead_false(outbox: Outbox) -> No
         return Outcome.reject("poison") if event.payload == {"n": 1} else None
 
     queue = MemoryQueue("regressions")
-    settings = Settings(table=outbox.table.name, ordered=True, block_on_dead=False, notify=False)
+    settings = Settings(
+        table=outbox.table.name, ordering="partitions", block_on_dead=False, notify=False
+    )
     relay = outbox.relay(MemoryBroker(queue, decide=reject_first), settings=settings)
     try:
         for _ in range(4):

@@ -1,6 +1,6 @@
 """PostgreSQL's one-statement partitioned claim chooses exactly what the Python path chooses.
 
-``PostgresqlPartitions.claim_window`` puts :func:`~outbox_core.relay.owned.pick`'s
+``PostgresqlPartitions.claim_window`` puts :func:`~outbox_core.relay.claims.pick.pick`'s
 rules into SQL (a window function for each key's run and its rows not yet
 due, ``NOT EXISTS`` for leased and dead rows). Hypothesis draws tables of
 pending, leased and dead rows over a few keys (some not due, some leased by
@@ -31,7 +31,7 @@ from outbox_core.dialects.base.budget import UNBOUNDED
 from outbox_core.dialects.base.partitioned import fold_key
 from outbox_core.message import State
 from outbox_core.partitions import partition_of
-from outbox_core.relay.owned import pick
+from outbox_core.relay.claims.pick import pick
 
 KEYS = [None, "a", "b", "c", "d"]
 TOKENS = ["t1", "t2", "t3"]

@@ -75,10 +75,10 @@ def machine_for(outbox: Outbox, *, broken: str = "") -> type[RuleBasedStateMachi
                     stale_after=7300,
                 )
                 if broken == "handover":
-                    assert relay.owned is not None
-                    relay.owned.statements = NoHandoverWait(relay.owned.statements)
+                    assert relay.claimer is not None
+                    relay.claimer.statements = NoHandoverWait(relay.claimer.statements)
                 if broken == "unconfirmed":
-                    relay._published = FreeEveryKey(relay)  # type: ignore[method-assign]
+                    relay.cycle.published = FreeEveryKey(relay)  # type: ignore[method-assign]
                 self.relays[slot] = relay
             return relay
 
@@ -132,7 +132,7 @@ def machine_for(outbox: Outbox, *, broken: str = "") -> type[RuleBasedStateMachi
         @rule(slot=st.integers(0, SLOTS - 1))
         def claim(self, slot: int) -> None:
             relay = self.relay(slot)
-            claim = relay._claim()
+            claim = relay.cycle.claim()
             if not claim.events:
                 return
             # Recorded first: teardown settles it even when the check below fails.
@@ -167,7 +167,7 @@ def machine_for(outbox: Outbox, *, broken: str = "") -> type[RuleBasedStateMachi
                 else:
                     outcomes.append(Outcome.ok())
             batch.outcomes = outcomes
-            batch.relay._published(batch.claim, outcomes)
+            batch.relay.cycle.published(batch.claim, outcomes)
             for event, outcome in zip(batch.claim.events, outcomes, strict=True):
                 if outcome is not None and outcome.kind.name == "OK":
                     self.sent.add(event.event_id)
@@ -180,7 +180,7 @@ def machine_for(outbox: Outbox, *, broken: str = "") -> type[RuleBasedStateMachi
             if batch.outcomes is None:
                 self._publish(batch, fail_at)
             assert batch.outcomes is not None
-            batch.relay._settle(batch.claim, batch.outcomes, CycleResult())
+            batch.relay.cycle.settle(batch.claim, batch.outcomes, CycleResult())
 
         def teardown(self) -> None:
             try:
@@ -189,18 +189,18 @@ def machine_for(outbox: Outbox, *, broken: str = "") -> type[RuleBasedStateMachi
                         if batch.outcomes is None:
                             self._publish(batch, fail_at=-1)
                         assert batch.outcomes is not None
-                        batch.relay._settle(batch.claim, batch.outcomes, CycleResult())
+                        batch.relay.cycle.settle(batch.claim, batch.outcomes, CycleResult())
                     self.in_flight[slot] = []
                 for slot in range(SLOTS):
                     self.leave(slot)
                 drainer = self.relay(0)
                 for _ in range(200):
-                    claim = drainer._claim()
+                    claim = drainer.cycle.claim()
                     if not claim.events:
                         if len(self.sent) == len(self.events):
                             break
                         continue
-                    drainer._settle(claim, [Outcome.ok() for _ in claim.events], CycleResult())
+                    drainer.cycle.settle(claim, [Outcome.ok() for _ in claim.events], CycleResult())
                     self.sent.update(e.event_id for e in claim.events)
                 assert self.sent == set(self.events), (
                     f"{len(set(self.events) - self.sent)} events never delivered"
@@ -229,18 +229,18 @@ class FreeEveryKey:
         self.relay = relay
 
     def __call__(self, claim: Claim, outcomes: Sequence[Outcome | None]) -> None:
-        assert self.relay.owned is not None
+        assert self.relay.claimer is not None
         ids = [e.id for e in claim.events]
-        self.relay.owned.published(claim.token, ids, whole=True)
+        self.relay.claimer.published(claim.token, ids, all_taken=True)
 
 
 @pytest.fixture(autouse=True)
 def _deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
     # Claims look past keys in flight at every claim, not on a clock: a
     # failing example replays the same way.
-    monkeypatch.setattr("outbox_core.relay.owned.LOOK_PAST_MAX", 0.0)
+    monkeypatch.setattr("outbox_core.relay.claims.partitions.LOOK_PAST_MAX", 0.0)
     # Batches stay in flight for many steps: a claim takes a busy lane at once.
-    monkeypatch.setattr("outbox_core.relay.owned.LANE_WAIT", 0.0)
+    monkeypatch.setattr("outbox_core.relay.claims.lanes.LANE_WAIT", 0.0)
 
 
 def test_partitioned_relays_keep_order_through_joins_leaves_and_staleness(

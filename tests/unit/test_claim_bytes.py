@@ -19,7 +19,7 @@ from outbox_core.dialects.base import Dialect, get_dialect
 from outbox_core.dialects.base.budget import Claimed, take_within
 from outbox_core.dialects.base.partitioned import WindowRow
 from outbox_core.errors import ConfigurationError
-from outbox_core.relay.owned import pick
+from outbox_core.relay.claims.pick import pick
 from outbox_core.schema import OutboxTables
 
 

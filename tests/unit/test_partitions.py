@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from outbox_core.dialects.base.partitioned import WindowRow
 from outbox_core.partitions import PARTITIONS, describe, parse, partition_of, progressions, split
-from outbox_core.relay.owned import Lanes, pick
+from outbox_core.relay.claims.lanes import Lanes
+from outbox_core.relay.claims.pick import pick
 
 
 def test_the_partition_of_a_key_is_the_same_everywhere() -> None:
@@ -143,7 +144,7 @@ def test_progressions_cover_exactly_the_partitions(parts: set[int]) -> None:
 def test_a_lane_is_taken_by_one_claim_at_a_time_and_prefers_a_lane_with_nothing_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("outbox_core.relay.owned.LANE_WAIT", 0.0)
+    monkeypatch.setattr("outbox_core.relay.claims.lanes.LANE_WAIT", 0.0)
     lanes = Lanes(2)
     first = lanes.take()
     second = lanes.take()  # the first is claiming: never the same lane

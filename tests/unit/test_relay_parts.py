@@ -15,9 +15,11 @@ from outbox_core import Outbox
 from outbox_core.brokers.base import Broker
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.message import CycleResult, Event, Failure, Outcome
-from outbox_core.relay import Claim, OnCycle, Relay, SettlePlan, classify
+from outbox_core.relay import OnCycle, Relay
+from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.delivery import Delivery, repeats_a_key
-from outbox_core.relay.settle import Written, summarize, write
+from outbox_core.relay.leases import Claim
+from outbox_core.relay.settle import SettlePlan, Writer, Written, classify, summarize
 from outbox_core.retry import Backoff, RetryPolicy
 
 # -- Backoff ---------------------------------------------------------------------------
@@ -144,7 +146,7 @@ def test_write_forgives_a_delivery_that_lost_its_lease_and_releases_the_rest() -
         POLICY,
     )
     dialect = RecordingDialect(sent=1, failed=1, released=1)
-    written = write(None, dialect, plan, delete=True)  # type: ignore[arg-type]
+    written = Writer(dialect, plan, delete=True)(None)  # type: ignore[arg-type]
     assert written == Written(sent=1, failed=1, released=1)
     assert [(name, ids) for name, ids, _ in dialect.calls] == [
         ("mark_sent", [1, 2]),
@@ -159,7 +161,7 @@ def test_write_forgives_a_delivery_that_lost_its_lease_and_releases_the_rest() -
 def test_write_without_anything_to_release_or_forgive() -> None:
     plan = classify(Claim("tok", [event(1)]), [Outcome.ok()], POLICY)
     dialect = RecordingDialect(sent=1, failed=0, released=0)
-    write(None, dialect, plan, delete=False)  # type: ignore[arg-type]
+    Writer(dialect, plan, delete=False)(None)  # type: ignore[arg-type]
     assert [name for name, _, _ in dialect.calls] == ["mark_sent", "mark_failed"]
 
 
@@ -213,7 +215,7 @@ def test_repeats_a_key() -> None:
 def test_an_orderless_broker_gets_one_event_of_a_key_per_wave() -> None:
     broker = Orderless(MemoryQueue("waves"))
     events = [event(1, "a"), event(2, "a"), event(3, "b"), event(4), event(5, "a")]
-    outcomes = Delivery(broker, ordered=True, runs=False).deliver(events)
+    outcomes = Delivery(broker, Breaker(broker, []), ordered=True, runs=False).deliver(events)
     assert outcomes == [Outcome.ok()] * 5
     assert broker.batches == [[1, 3, 4], [2], [5]]
     assert [e.id for e in broker.queue.snapshot()] == [1, 3, 4, 2, 5]
@@ -222,7 +224,10 @@ def test_an_orderless_broker_gets_one_event_of_a_key_per_wave() -> None:
 def test_an_orderless_broker_gets_a_batch_of_distinct_keys_at_once() -> None:
     broker = Orderless(MemoryQueue("distinct"))
     events = [event(1, "a"), event(2, "b"), event(3), event(4)]
-    assert Delivery(broker, ordered=True, runs=False).deliver(events) == [Outcome.ok()] * 4
+    assert (
+        Delivery(broker, Breaker(broker, []), ordered=True, runs=False).deliver(events)
+        == [Outcome.ok()] * 4
+    )
     assert broker.batches == [[1, 2, 3, 4]]
 
 
@@ -230,7 +235,7 @@ def test_an_ordered_broker_gets_repeated_keys_in_one_batch() -> None:
     broker = MemoryBroker(MemoryQueue("ordered"))
     events = [event(1, "a"), event(2, "a"), event(3, "b")]
     calls: list[int] = []
-    delivery = Delivery(broker, ordered=True, runs=False)
+    delivery = Delivery(broker, Breaker(broker, []), ordered=True, runs=False)
     publish = delivery.publish
 
     def counting(batch: Sequence[Event]) -> list[Outcome]:
@@ -247,7 +252,7 @@ def test_a_key_stops_at_its_first_failure() -> None:
         MemoryQueue("failure"), decide=lambda e: Outcome.retry("busy") if e.id == 2 else None
     )
     events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "b"), event(5, "b")]
-    outcomes = Delivery(broker, ordered=True, runs=False).deliver(events)
+    outcomes = Delivery(broker, Breaker(broker, []), ordered=True, runs=False).deliver(events)
     assert outcomes == [Outcome.ok(), Outcome.retry("busy"), None, Outcome.ok(), Outcome.ok()]
     assert broker.batches == [[1, 4], [2, 5]]
 
@@ -257,7 +262,7 @@ def test_an_unavailable_outcome_stops_the_waves() -> None:
         MemoryQueue("down"), decide=lambda e: Outcome.unavailable("down") if e.id == 4 else None
     )
     events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "b"), event(5, "c")]
-    outcomes = Delivery(broker, ordered=True, runs=False).deliver(events)
+    outcomes = Delivery(broker, Breaker(broker, []), ordered=True, runs=False).deliver(events)
     assert outcomes == [Outcome.ok(), None, None, Outcome.unavailable("down"), Outcome.ok()]
     assert broker.batches == [[1, 4, 5]]
 
@@ -268,7 +273,7 @@ def test_an_unordered_relay_publishes_a_batch_at_once_even_to_an_orderless_broke
         MemoryQueue("unordered"), decide=lambda e: Outcome.retry("busy") if e.id == 2 else None
     )
     events = [event(1, "a"), event(2, "a"), event(3, "a"), event(4, "b"), event(5, "b")]
-    outcomes = Delivery(broker, ordered=False, runs=False).deliver(events)
+    outcomes = Delivery(broker, Breaker(broker, []), ordered=False, runs=False).deliver(events)
     assert outcomes == [
         Outcome.ok(),
         Outcome.retry("busy"),
