@@ -123,9 +123,11 @@ class _HasPartialIndexes:
         compiler: DDLCompiler | None = None,
         checkfirst: bool = False,
     ) -> bool:
-        from outbox_core.dialects.base.registry import get_dialect
+        # Imported here: the dialects are built on this module.
+        from outbox_core.dialects.base.names import load_dialect
 
-        return get_dialect(dialect.name).partial_indexes is self.wanted
+        family, _ = load_dialect(dialect.name)
+        return family.partial_indexes is self.wanted
 
 
 _partial = _HasPartialIndexes(True)

@@ -8,10 +8,14 @@
   server-side limits), ``storage`` (what a database can store), ``enqueue``
   (the producer's statements and wake-ups), ``inbox`` (the idempotent
   consumer's statements), ``reading`` (named reads for status, the doctor and
-  migrate), ``ordered`` (the walk over keys of ordered claims);
+  migrate), ``ordered`` (the walk over keys of ordered claims),
+  ``partitioned`` (the membership table and partitioned claims), ``settle``
+  (the token-fenced settling writes);
+* ``primitives``: :class:`SqlPrimitives`, the operations of a dialect its
+  parts build their statements on;
 * ``companions``: a family's ``provision`` (test servers) and ``doctor`` modules;
 * ``values``: shared values (ServerInfo, SessionLimits, table summaries);
-* ``registry``: backend name -> dialect class.
+* ``names`` and ``registry``: backend name -> dialect class.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from outbox_core.dialects.base.dialect import Dialect, Parts
 from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
 from outbox_core.dialects.base.ordered import KeyWalk
+from outbox_core.dialects.base.partitioned import PartitionStatements
+from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.reading import TableReads
 from outbox_core.dialects.base.registry import (
     REGISTRY,
@@ -29,12 +35,10 @@ from outbox_core.dialects.base.registry import (
 )
 from outbox_core.dialects.base.returning import ReturningDialect
 from outbox_core.dialects.base.session import SessionSetup
+from outbox_core.dialects.base.settle import SettleStatements
 from outbox_core.dialects.base.storage import StorageRules
 from outbox_core.dialects.base.values import (
     MAX_ERROR,
-    MAX_KEYS_PER_CLAIM,
-    MAX_WALKS,
-    NO_END,
     Activity,
     Backlog,
     Listener,
@@ -48,9 +52,6 @@ from outbox_core.dialects.base.values import (
 
 __all__ = [
     "MAX_ERROR",
-    "MAX_KEYS_PER_CLAIM",
-    "MAX_WALKS",
-    "NO_END",
     "REGISTRY",
     "Activity",
     "Backlog",
@@ -60,11 +61,14 @@ __all__ = [
     "KeyWalk",
     "Listener",
     "LiveLeases",
+    "PartitionStatements",
     "Parts",
     "ReturningDialect",
     "ServerInfo",
     "SessionLimits",
     "SessionSetup",
+    "SettleStatements",
+    "SqlPrimitives",
     "StorageRules",
     "TableReads",
     "chunked",

@@ -16,9 +16,12 @@ of, each a class a family subclasses where it differs (:class:`Parts`):
 database can store), ``enqueue`` (the producer's statements and wake-ups),
 ``inbox`` (the idempotent consumer's statements), ``reads`` (named reads for
 status, the doctor and migrate), ``keys`` (the ordered claim's walk over
-keys) and ``partitions`` (the membership table and partitioned ordered
-claims). Test provisioning and doctor checks sit beside each family's dialect,
-in its ``provision`` and ``doctor`` modules.
+keys), ``partitions`` (the membership table and partitioned ordered claims)
+and ``settle`` (the settling writes above). The statement-building parts
+receive the few operations of the dialect they build on
+(:class:`~outbox_core.dialects.base.primitives.SqlPrimitives`), not the
+dialect. Test provisioning and doctor checks sit beside each family's
+dialect, in its ``provision`` and ``doctor`` modules.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
 from outbox_core.dialects.base.ordered import KeyWalk
 from outbox_core.dialects.base.partitioned import PartitionStatements
+from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.reading import TableReads
 from outbox_core.dialects.base.session import SessionSetup
+from outbox_core.dialects.base.settle import SettleStatements
 from outbox_core.dialects.base.storage import StorageRules
-from outbox_core.dialects.base.values import _ACTIVE, MAX_ERROR, ServerInfo, chunked
+from outbox_core.dialects.base.values import ACTIVE_STATES, ServerInfo, chunked
 from outbox_core.message import Event, Failure, State
 from outbox_core.schema import OutboxTables, detached_index, in_state, obsolete_indexes
 
@@ -56,6 +61,7 @@ class Parts:
     reads: type[TableReads] = TableReads
     keys: type[KeyWalk] = KeyWalk
     partitions: type[PartitionStatements] = PartitionStatements
+    settle: type[SettleStatements] = SettleStatements
 
 
 class Dialect(ABC):
@@ -78,7 +84,7 @@ class Dialect(ABC):
     #: binds (SQL Server takes at most 2,100 parameters per statement).
     max_batch: ClassVar[int] = 10_000
     #: Why the server cannot end a transaction its client froze in (None: it
-    #: can, through :meth:`limit_session`'s idle limit).
+    #: can, through the idle limit :meth:`SessionSetup.configure` sets).
     frozen_transactions_stay: ClassVar[str | None] = None
     #: The family's parts (see :class:`Parts`).
     parts: ClassVar[Parts]
@@ -89,13 +95,35 @@ class Dialect(ABC):
         parts = self.parts
         self.session = parts.session()
         self.storage = parts.storage()
-        self.enqueue = parts.enqueue(self)
-        self.inbox = parts.inbox(self)
-        self.reads = parts.reads(self)
-        self.keys = parts.keys(self)
-        self.partitions = parts.partitions(self)
+        sql = self.primitives()
+        self.enqueue = parts.enqueue(sql, self.storage)
+        self.inbox = parts.inbox(sql)
+        self.reads = parts.reads(sql)
+        self.partitions = parts.partitions(sql)
+        # An ordered claim with runs leases its rows as a partitioned claim does.
+        self.keys = parts.keys(sql, self.partitions.lease)
+        self.settle = parts.settle(sql)
         self._claims: dict[tuple[int, float, bool], sa.Executable] = {}
-        self._marks: dict[bool, sa.Executable] = {}
+
+    def primitives(self) -> SqlPrimitives:
+        """The operations of this dialect its parts build their statements on."""
+        return SqlPrimitives(
+            tables=self.tables,
+            now=self.now,
+            after=self.after,
+            clock=self.clock,
+            clock_params=self.clock_params,
+            transaction=self.transaction,
+            lock_rows=self.lock_rows,
+            id_in=self.id_in,
+            id_in_bound=self.id_in_bound,
+            max_batch=self.max_batch,
+            owned=self.owned,
+            claim_columns=self.claim_columns,
+            to_event=self.to_event,
+            lease_values=self.lease_values,
+            stored_size=self.stored_size,
+        )
 
     # -- clock ---------------------------------------------------------------
 
@@ -274,7 +302,7 @@ class Dialect(ABC):
             token=token,
         )
 
-    # -- settle (all fenced by the claim token) ------------------------------
+    # -- settle (all fenced by the claim token; the writes are the settle part's) --
 
     def id_in(self, ids: Sequence[int]) -> sa.ColumnElement[bool]:
         """``id IN (...)``; PostgreSQL overrides it with one array parameter."""
@@ -295,7 +323,7 @@ class Dialect(ABC):
         made dead under this token (nobody claimed it since).
         """
         t = self.table
-        states = [*_ACTIVE, State.DEAD] if or_dead else _ACTIVE
+        states = [*ACTIVE_STATES, State.DEAD] if or_dead else ACTIVE_STATES
         return sa.and_(
             self.id_in(ids),
             t.c.lease_owner == token,
@@ -310,78 +338,18 @@ class Dialect(ABC):
         lease ran out on its last attempt) is marked sent too: the broker
         confirmed it, and a confirmed event never stays dead.
         """
-        if not ids:
-            return 0
-        # Built once (ids and token bound at execution): the relay marks a
-        # batch every cycle, and building the statement cost more Python
-        # than the database spent on it.
-        stmt = self._marks.get(delete)
-        if stmt is None:
-            stmt = self._marks[delete] = self._mark_sent_statement(delete)
-        params = {"o_ids": list(ids), "o_token": token, **self.clock_params()}
-        with self.transaction(conn):
-            return conn.execute(stmt, params).rowcount
-
-    def _mark_sent_statement(self, delete: bool) -> sa.Executable:
-        t = self.table
-        mine = sa.and_(
-            self.id_in_bound(),
-            t.c.lease_owner == sa.bindparam("o_token", type_=t.c.lease_owner.type),
-            in_state(t.c.state, *_ACTIVE, State.DEAD),
-        )
-        if delete:
-            return sa.delete(t).where(mine)
-        return (
-            sa.update(t)
-            .where(mine)
-            # clock(), not now(): the statement is cached, and the application's
-            # clock (SQLite) must be read at each mark, not when it was built.
-            .values(state=int(State.SENT), sent_at=self.clock(), lease_owner=None, lease_until=None)
-        )
+        return self.settle.mark_sent(conn, ids, token=token, delete=delete)
 
     def mark_failed(self, conn: Connection, failures: Sequence[Failure], *, token: str) -> int:
         """Return failed events to pending after their backoff, or make them dead.
 
         A failure with ``retry_in=None`` becomes dead. Returns the rows changed.
         """
-        if not failures:
-            return 0
-        t = self.table
-        changed = 0
-        with self.transaction(conn):
-            for f in failures:
-                values: dict[str, Any] = {
-                    "last_error": f.error[:MAX_ERROR],
-                    "lease_owner": None,
-                    "lease_until": None,
-                }
-                if f.retry_in is None:
-                    values["state"] = int(State.DEAD)
-                else:
-                    values["state"] = int(State.PENDING)
-                    values["available_at"] = self.after(f.retry_in)
-                stmt = sa.update(t).where(self.owned([f.id], token)).values(values)
-                changed += conn.execute(stmt).rowcount
-        return changed
+        return self.settle.mark_failed(conn, failures, token=token)
 
     def release(self, conn: Connection, ids: Sequence[int], *, token: str) -> int:
         """Give back claimed but unpublished events, due at once, without burning an attempt."""
-        if not ids:
-            return 0
-        t = self.table
-        stmt = (
-            sa.update(t)
-            .where(self.owned(ids, token), in_state(t.c.state, State.LEASED))
-            .values(
-                state=int(State.PENDING),
-                available_at=self.now(),
-                attempts=sa.case((t.c.attempts > 0, t.c.attempts - 1), else_=0),
-                lease_owner=None,
-                lease_until=None,
-            )
-        )
-        with self.transaction(conn):
-            return conn.execute(stmt).rowcount
+        return self.settle.release(conn, ids, token=token)
 
     def forgive(self, conn: Connection, ids: Sequence[int]) -> int:
         """Take back the attempt of published events whose lease was lost before marking.
@@ -391,16 +359,7 @@ class Dialect(ABC):
         the event closer to dead. Touches only the counter of rows still
         unsent; returns the rows changed.
         """
-        if not ids:
-            return 0
-        t = self.table
-        stmt = (
-            sa.update(t)
-            .where(self.id_in(ids), in_state(t.c.state, *_ACTIVE), t.c.attempts > 0)
-            .values(attempts=t.c.attempts - 1)
-        )
-        with self.transaction(conn):
-            return conn.execute(stmt).rowcount
+        return self.settle.forgive(conn, ids)
 
     def extend(self, conn: Connection, ids: Sequence[int], *, token: str, lease: float) -> set[int]:
         """Renew the lease of the events among ``ids`` that ``token`` still holds.
@@ -409,18 +368,7 @@ class Dialect(ABC):
         not be published by this relay. A lease that ran out but that nobody
         took yet is renewed (no other relay can have published it).
         """
-        if not ids:
-            return set()
-        t = self.table
-        held = sa.and_(self.id_in(ids), t.c.lease_owner == token, in_state(t.c.state, State.LEASED))
-        with self.transaction(conn):
-            renewed = conn.execute(
-                sa.update(t).where(held).values(lease_until=self.after(lease))
-            ).rowcount
-            if renewed == len(ids):
-                return set(ids)
-            # Our UPDATE locked what it renewed: the same filter reads exactly those.
-            return {int(i) for i in conn.execute(sa.select(t.c.id).where(held)).scalars()}
+        return self.settle.extend(conn, ids, token=token, lease=lease)
 
     def reap(self, conn: Connection, *, max_attempts: int, batch: int = 1000) -> int:
         """Return expired leases to pending; make them dead once ``max_attempts`` is spent.

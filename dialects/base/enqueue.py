@@ -8,26 +8,28 @@ into the insert); the transaction port runs them in the caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import Insert
 
+from outbox_core.dialects.base.primitives import SqlPrimitives
+from outbox_core.dialects.base.storage import StorageRules
 from outbox_core.dialects.base.values import Listener
 from outbox_core.message import NewEvent, State
 from outbox_core.partitions import partition_of
-
-if TYPE_CHECKING:
-    from outbox_core.dialects.base.dialect import Dialect
 
 
 class EnqueueStatements:
     """What ``enqueue`` executes on one database family, and how relays are woken."""
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.table = dialect.table
+    def __init__(self, sql: SqlPrimitives, storage: StorageRules) -> None:
+        self.sql = sql
+        self.table = sql.table
+        #: Bind payload and headers as the JSON text ``enqueue`` already made
+        #: (:attr:`StorageRules.json_as_text`).
+        self.json_as_text = storage.json_as_text
         self._prepared: dict[tuple[bool, bool], sa.Executable] = {}
         #: False on a table an earlier version created, until ``outbox install``
         #: adds ``key_partition``: rows are written without it (NULL), which
@@ -47,10 +49,10 @@ class EnqueueStatements:
         """A bound JSON value of the enqueue ``INSERT``.
 
         Where :attr:`json_as_text` is set, the value bound is the JSON text
-        ``enqueue`` already made while checking the payload (serialising it
-        a second time costs as much as the rest of enqueue's Python).
+        ``enqueue`` already made while checking the payload (not serialised
+        a second time).
         """
-        if self.dialect.storage.json_as_text:
+        if self.json_as_text:
             return sa.bindparam(name, type_=sa.UnicodeText())
         return sa.bindparam(name, type_=self.table.c.payload.type)
 
@@ -62,7 +64,7 @@ class EnqueueStatements:
         (``available_at`` from the database clock).
         """
         t = self.table
-        now = self.dialect.clock()
+        now = self.sql.clock()
         # inline(): no implicit RETURNING id, which enqueue never reads.
         return (
             sa.insert(t)
@@ -75,7 +77,7 @@ class EnqueueStatements:
                 headers=self.json_bind("o_headers") if headers else sa.null(),
                 state=int(State.PENDING),
                 attempts=0,
-                available_at=self.dialect.after(delay) if delay else now,
+                available_at=self.sql.after(delay) if delay else now,
                 created_at=now,
                 **(
                     {"key_partition": sa.bindparam("o_key_partition", type_=t.c.key_partition.type)}
@@ -89,7 +91,7 @@ class EnqueueStatements:
         """What ``enqueue`` executes for ``event``: a statement and its parameters.
 
         Undelayed events (nearly all) reuse a statement built once: building a
-        fresh one per event, and computing its cache key, cost more than the
+        fresh one per event, and computing its cache key, costs more than the
         database's own work on the insert (``bench/producer_overhead.py``).
         A delayed event's statement carries its delay and is built per call.
         """
@@ -103,7 +105,7 @@ class EnqueueStatements:
                 insert = self.prepared_insert(headers=headers)
                 cached = self._prepared[notify, headers] = self.with_wake_up(insert, notify=notify)
             stmt = cached
-        as_text = self.dialect.storage.json_as_text
+        as_text = self.json_as_text
         params: dict[str, Any] = {
             "o_event_id": event.event_id,
             "o_topic": event.topic,
@@ -114,7 +116,7 @@ class EnqueueStatements:
             params["o_headers"] = event.headers_json if as_text else event.headers
         if self.with_partition:
             params["o_key_partition"] = partition_of(event.key, event.event_id)
-        params.update(self.dialect.clock_params())
+        params.update(self.sql.clock_params())
         return stmt, params
 
     def many_calls(

@@ -7,24 +7,21 @@ consumer's transaction; each family gives its native insert-if-absent.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Insert
 
+from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.values import chunked
-
-if TYPE_CHECKING:
-    from outbox_core.dialects.base.dialect import Dialect
 
 
 class InboxStatements(ABC):
     """Record, guard and clean up ``(consumer, event_id)`` rows."""
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.tables = dialect.tables
+    def __init__(self, sql: SqlPrimitives) -> None:
+        self.sql = sql
+        self.tables = sql.tables
 
     @abstractmethod
     def insert(self, consumer: str, event_id: str) -> Insert:
@@ -54,16 +51,16 @@ class InboxStatements(ABC):
         # an IN subquery and SQL Server escalates big deletes to a table lock.
         pick = (
             sa.select(t.c.consumer, t.c.event_id)
-            .where(t.c.processed_at < self.dialect.after(-older_than))
+            .where(t.c.processed_at < self.sql.after(-older_than))
             .order_by(t.c.processed_at)
             .limit(batch)
         )
-        with self.dialect.transaction(conn):
+        with self.sql.transaction(conn):
             picked = list(conn.execute(pick))
             deleted = 0
             # In chunks a statement can bind (SQL Server: 2,100 parameters; a
             # chunk binds at most two per row).
-            for chunk in chunked(picked, self.dialect.max_batch):
+            for chunk in chunked(picked, self.sql.max_batch):
                 by_consumer: dict[str, list[str]] = {}
                 for consumer, event_id in chunk:
                     by_consumer.setdefault(consumer, []).append(str(event_id))

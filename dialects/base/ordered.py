@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base.budget import Claimed, take_within
+from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.values import MAX_KEYS_PER_CLAIM, MAX_WALKS, NO_END
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
 
-if TYPE_CHECKING:
-    from outbox_core.dialects.base.dialect import Dialect
+
+class LeaseIds(Protocol):
+    """Lease the pending rows among some ids and read them back (the partitions' ``lease``)."""
+
+    def __call__(
+        self, conn: Connection, ids: Sequence[int], *, lease: float, token: str
+    ) -> list[Event]:
+        """The events leased under ``token``, in id order."""
 
 
 class KeyWalk:
@@ -24,9 +31,10 @@ class KeyWalk:
     #: Server's recursive CTEs allow no subqueries) instead of a recursive CTE.
     group_key_scan: ClassVar[bool] = False
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.table = dialect.table
+    def __init__(self, sql: SqlPrimitives, lease_ids: LeaseIds) -> None:
+        self.sql = sql
+        self.table = sql.table
+        self.lease_ids = lease_ids
         # Keys are visited round-robin from here (see key_window); a hint
         # shared by the relays of this process, so races are harmless.
         self._key_cursor: str | None = None
@@ -34,7 +42,7 @@ class KeyWalk:
 
     def claimable(self, o: sa.FromClause) -> list[sa.ColumnElement[bool]]:
         """WHERE terms of a claim: pending and due."""
-        return [in_state(o.c.state, State.PENDING), o.c.available_at <= self.dialect.now()]
+        return [in_state(o.c.state, State.PENDING), o.c.available_at <= self.sql.now()]
 
     def head_of_key(self, o: sa.FromClause, block_on_dead: bool) -> sa.ColumnElement[bool]:
         """Ordered mode: the row has no key, or no earlier unsent row of its key.
@@ -175,7 +183,7 @@ class KeyWalk:
                 )
                 for s in blocking
             ),
-            sa.exists().where(b.c.id == keys.c.head, b.c.available_at > self.dialect.clock()),
+            sa.exists().where(b.c.id == keys.c.head, b.c.available_at > self.sql.clock()),
         )
         if run_length == 1:
             source: sa.FromClause = keys
@@ -236,7 +244,7 @@ class KeyWalk:
             if found:
                 break
         self._key_cursor = after
-        unkeyed = self.dialect.lock_rows(
+        unkeyed = self.sql.lock_rows(
             sa.select(t.c.id)
             .where(*self.claimable(t), t.c.key.is_(None))
             .order_by(t.c.id)
@@ -245,7 +253,7 @@ class KeyWalk:
         ids += [int(i) for i in conn.execute(unkeyed).scalars()]
         if not ids:
             return None
-        return self.dialect.id_in(sorted(set(ids))[:limit])
+        return self.sql.id_in(sorted(set(ids))[:limit])
 
     def _scan_runs(
         self, conn: Connection, after: str | None, scan: tuple[int, int, int, bool]
@@ -267,7 +275,7 @@ class KeyWalk:
         ids: list[int] = []
         last: str | None = None
         visited = 0
-        params = self.dialect.clock_params()
+        params = self.sql.clock_params()
         if after is not None:
             params["after"] = after
         for row_id, last_key, seen in conn.execute(stmt, params):
@@ -343,7 +351,7 @@ class KeyWalk:
            (a prefix: a key's run is cut, never broken);
         5. lease what remains and read it. The dropped rows' locks go at commit.
         """
-        d = self.dialect
+        sql = self.sql
         t = self.table
         p = t.alias("p")
         blocked = [State.LEASED] + ([State.DEAD] if block_on_dead else [])
@@ -357,17 +365,17 @@ class KeyWalk:
                 in_state(p.c.state, State.PENDING),
                 p.c.key == t.c.key,
                 p.c.id < t.c.id,
-                p.c.available_at > d.now(),
+                p.c.available_at > sql.now(),
             ),
         )
-        with d.transaction(conn):
+        with sql.transaction(conn):
             window = self.key_window(
                 conn, limit=limit, run_length=run_length, block_on_dead=block_on_dead
             )
             if window is None:
                 return []
-            candidates = d.lock_rows(
-                sa.select(t.c.id, t.c.key, d.stored_size(t))
+            candidates = sql.lock_rows(
+                sa.select(t.c.id, t.c.key, sql.stored_size(t))
                 .where(*self.claimable(t), window, sa.or_(t.c.key.is_(None), ~earlier_blocked))
                 .order_by(t.c.id)
                 .limit(limit)
@@ -386,5 +394,5 @@ class KeyWalk:
             if not kept:
                 return []
             # Leased by id and read back (RETURNING where the database has it).
-            events = d.partitions.lease(conn, [int(r[0]) for r in kept], lease=lease, token=token)
+            events = self.lease_ids(conn, [int(r[0]) for r in kept], lease=lease, token=token)
         return Claimed(events, sum(int(r[2] or 0) for r in kept))

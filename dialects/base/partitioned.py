@@ -1,8 +1,8 @@
 """Partitioned ordered claims: the membership table, the owned partitions' reads (a Dialect part).
 
 The statements only; what they mean (who owns what, which rows a claim
-takes) is decided in :mod:`outbox_core.relay.membership` and
-:mod:`outbox_core.relay.owned`.
+takes) is decided in :mod:`outbox_core.relay.claims.membership` and
+:mod:`outbox_core.relay.claims.partitions`.
 
 The fence between a rebalance and claims in flight is a row lock: a claim
 holds a shared lock on its own relay's membership row for its whole
@@ -19,18 +19,15 @@ import unicodedata
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.message import Event, State
 from outbox_core.partitions import progressions
 from outbox_core.schema import in_state
-
-if TYPE_CHECKING:
-    from outbox_core.dialects.base.dialect import Dialect
-
 
 #: Arithmetic runs of partitions a filter spells out; past it, a plain IN list.
 MAX_RUNS = 8
@@ -50,8 +47,8 @@ class Member:
 class WindowRow(NamedTuple):
     """A pending row as an ordered claim sees it: enough to order keys, no payload.
 
-    A named tuple: a claim reads a thousand of them, and a tuple is built
-    several times faster than a dataclass.
+    A named tuple: a claim reads a thousand of them, and a tuple costs less
+    to build than a dataclass.
     """
 
     id: int
@@ -91,10 +88,10 @@ class PartitionStatements:
     #: :meth:`claim_window` exists: the window, the choice and the lease in one statement.
     claims_in_one: ClassVar[bool] = False
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.table = dialect.table
-        self.relays = dialect.tables.relays
+    def __init__(self, sql: SqlPrimitives) -> None:
+        self.sql = sql
+        self.table = sql.table
+        self.relays = sql.tables.relays
 
     # -- locks: each family's own hints where SQLAlchemy has none ----------------
 
@@ -111,8 +108,8 @@ class PartitionStatements:
     def join(self, conn: Connection, relay_id: str, host: str) -> None:
         """Register ``relay_id`` (no partitions yet): one row, heartbeat now."""
         r = self.relays
-        now = self.dialect.now()
-        with self.dialect.transaction(conn):
+        now = self.sql.now()
+        with self.sql.transaction(conn):
             conn.execute(sa.delete(r).where(r.c.relay_id == relay_id))
             conn.execute(
                 sa.insert(r).values(
@@ -128,22 +125,22 @@ class PartitionStatements:
     def heartbeat(self, conn: Connection, relay_id: str) -> bool:
         """Write the heartbeat; False when the row is gone (this relay was found stale)."""
         r = self.relays
-        with self.dialect.transaction(conn):
+        with self.sql.transaction(conn):
             changed = conn.execute(
-                sa.update(r).where(r.c.relay_id == relay_id).values(heartbeat_at=self.dialect.now())
+                sa.update(r).where(r.c.relay_id == relay_id).values(heartbeat_at=self.sql.now())
             ).rowcount
         return bool(changed)
 
     def members(self, conn: Connection) -> list[Member]:
         """Every row of the membership table, oldest relay id first (a plain read)."""
-        with self.dialect.transaction(conn):
+        with self.sql.transaction(conn):
             return self._members(conn, sa.select(*self._member_columns()))
 
     def _member_columns(self) -> list[sa.ColumnElement[Any]]:
         r = self.relays
         # The heartbeat and the database's clock: ages on one clock, whatever
         # the relays' own clocks say.
-        now = self.dialect.now().label("now")
+        now = self.sql.now().label("now")
         return [r.c.relay_id, r.c.host, r.c.heartbeat_at, now, r.c.partitions, r.c.epoch]
 
     def _members(self, conn: Connection, query: sa.Select[Any]) -> list[Member]:
@@ -216,10 +213,10 @@ class PartitionStatements:
         Each row's stored size comes with it, not its payload.
         """
         t = self.table
-        due = sa.case((t.c.available_at <= self.dialect.clock(), 1), else_=0)
+        due = sa.case((t.c.available_at <= self.sql.clock(), 1), else_=0)
         # The event id only where the partition must be computed from it.
         event_id = sa.case((t.c.key_partition.is_(None), t.c.event_id), else_=sa.null())
-        size = self.dialect.stored_size(t)
+        size = self.sql.stored_size(t)
         query = (
             sa.select(t.c.id, t.c.key, t.c.key_partition, event_id, due, size)
             .where(
@@ -232,7 +229,7 @@ class PartitionStatements:
         )
         if skip_keys:
             query = query.where(sa.or_(t.c.key.is_(None), t.c.key.not_in(list(skip_keys))))
-        rows = conn.execute(query, self.dialect.clock_params()).all()
+        rows = conn.execute(query, self.sql.clock_params()).all()
         # The driver's types already: ids and partitions come back as ints.
         return [WindowRow(a, b, c, d, e == 1, int(f or 0)) for a, b, c, d, e, f in rows]
 
@@ -252,7 +249,7 @@ class PartitionStatements:
         blocked_by_leases: bool = True,
         max_bytes: int | None = None,
     ) -> OneStatementClaim:
-        """Inside a transaction: lease what :func:`~outbox_core.relay.owned.pick` would
+        """Inside a transaction: lease what :func:`~outbox_core.relay.claims.pick.pick` would
         choose from the first ``size`` pending rows of ``partitions``, in one statement.
 
         The leased rows that hold a key back are every leased row of the key
@@ -294,10 +291,10 @@ class PartitionStatements:
     def oldest_pending(self, conn: Connection, partitions: Sequence[int] | None) -> float | None:
         """Seconds since the oldest pending event of ``partitions`` was created (None: none)."""
         t = self.table
-        query = sa.select(sa.func.min(t.c.created_at), self.dialect.now()).where(
+        query = sa.select(sa.func.min(t.c.created_at), self.sql.now()).where(
             in_state(t.c.state, State.PENDING), self._in_partitions(partitions)
         )
-        with self.dialect.transaction(conn):
+        with self.sql.transaction(conn):
             oldest, now = conn.execute(query).one()
         return None if oldest is None else max(0.0, _seconds(oldest, now))
 
@@ -341,34 +338,34 @@ class PartitionStatements:
         self, conn: Connection, ids: Sequence[int], *, lease: float, token: str
     ) -> list[Event]:
         """Lease the pending rows among ``ids`` under ``token``; return them in id order."""
-        d = self.dialect
+        sql = self.sql
         t = self.table
         update = (
             sa.update(t)
-            .where(d.id_in(ids), in_state(t.c.state, State.PENDING))
-            .values(d.lease_values(lease=lease, token=token))
+            .where(sql.id_in(ids), in_state(t.c.state, State.PENDING))
+            .values(sql.lease_values(lease=lease, token=token))
         )
         if self.returning and conn.dialect.update_returning:
-            rows = conn.execute(update.returning(*d.claim_columns(t))).all()
+            rows = conn.execute(update.returning(*sql.claim_columns(t))).all()
             # RETURNING gives the rows as updated: this attempt is counted already.
-            return sorted((d.to_event(r, token) for r in rows), key=lambda e: e.id)
+            return sorted((sql.to_event(r, token) for r in rows), key=lambda e: e.id)
         conn.execute(update)
         read = (
-            sa.select(*d.claim_columns(t))
-            .where(d.id_in(ids), in_state(t.c.state, State.LEASED), t.c.lease_owner == token)
+            sa.select(*sql.claim_columns(t))
+            .where(sql.id_in(ids), in_state(t.c.state, State.LEASED), t.c.lease_owner == token)
             .order_by(t.c.id)
         )
-        return [d.to_event(r, token) for r in conn.execute(read)]
+        return [sql.to_event(r, token) for r in conn.execute(read)]
 
     def unlease(self, conn: Connection, ids: Sequence[int], *, token: str) -> None:
         """Give back rows this claim leased but may not keep (no attempt spent)."""
         if not ids:
             return
-        d = self.dialect
+        sql = self.sql
         t = self.table
         conn.execute(
             sa.update(t)
-            .where(d.owned(ids, token))
+            .where(sql.owned(ids, token))
             .values(
                 state=int(State.PENDING),
                 lease_owner=None,

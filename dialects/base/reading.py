@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.values import Activity, Backlog, LiveLeases
 from outbox_core.message import State
 from outbox_core.schema import in_state
-
-if TYPE_CHECKING:
-    from outbox_core.dialects.base.dialect import Dialect
 
 
 class TableReads:
     """Named reads (and the bulk insert) of the outbox table: the SQL lives here, not in callers."""
 
-    def __init__(self, dialect: Dialect) -> None:
-        self.dialect = dialect
-        self.table = dialect.table
+    def __init__(self, sql: SqlPrimitives) -> None:
+        self.sql = sql
+        self.table = sql.table
 
     def state_counts(self, conn: Connection) -> dict[str, int]:
         """Rows per state, by lower-case state name (every state, 0 when none)."""
@@ -34,13 +32,13 @@ class TableReads:
     def activity(self, conn: Connection) -> Activity:
         """The oldest pending event, the last minute's traffic, the last send (status)."""
         t = self.table
-        minute_ago = self.dialect.after(-60)
+        minute_ago = self.sql.after(-60)
         row = conn.execute(
             sa.select(
                 sa.select(sa.func.min(t.c.created_at))
                 .where(in_state(t.c.state, State.PENDING))
                 .scalar_subquery(),
-                self.dialect.now(),
+                self.sql.now(),
                 sa.select(sa.func.count()).where(t.c.created_at >= minute_ago).scalar_subquery(),
                 sa.select(sa.func.count()).where(t.c.sent_at >= minute_ago).scalar_subquery(),
                 sa.select(sa.func.max(t.c.sent_at))
@@ -53,7 +51,7 @@ class TableReads:
     def backlog(self, conn: Connection) -> Backlog:
         """Pending and due events, the oldest due, expired leases (``outbox doctor``)."""
         t = self.table
-        now = self.dialect.now()
+        now = self.sql.now()
         pending = in_state(t.c.state, State.PENDING)
         due = sa.and_(pending, t.c.available_at <= now)
         row = conn.execute(
@@ -119,7 +117,7 @@ class TableReads:
     def live_leases(self, conn: Connection, *, owners: int = 20) -> LiveLeases:
         """Leases not yet expired: how many, until when, and some of their tokens."""
         t = self.table
-        live = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until > self.dialect.now())
+        live = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until > self.sql.now())
         count, until = conn.execute(
             sa.select(sa.func.count(), sa.func.max(t.c.lease_until)).where(live)
         ).one()
@@ -131,5 +129,5 @@ class TableReads:
     def insert_rows(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """Insert whole rows (migrate), as one executemany."""
         # One executemany: multi-row INSERTs on PyMySQL, a pipeline on psycopg
-        # (measured faster than SQLAlchemy's multi-row VALUES there).
+        # (faster there than SQLAlchemy's multi-row VALUES).
         conn.execute(sa.insert(self.table), list(rows))

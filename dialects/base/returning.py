@@ -77,8 +77,8 @@ class ReturningDialect(Dialect):
 
         The unordered statement is built once per batch size and lease (and
         whether a byte budget bounds it), its token and budget bound
-        parameters: building it (and its cache key) anew for every claim cost
-        as much Python as decoding a tenth of its rows.
+        parameters: building it (and its cache key) anew for every claim is
+        Python work the relay's claim thread need not do.
         """
         if not ordered and not self.app_clock:
             bounded = max_bytes is not None

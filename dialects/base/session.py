@@ -26,6 +26,15 @@ class SessionSetup:
         """Options for ``create_engine`` when the outbox creates its engine from a URL."""
         return {}
 
+    def pool_options(self, *, size: int, overflow: int) -> dict[str, Any]:
+        """``create_engine`` options for a pool of ``size`` connections and ``overflow`` more.
+
+        For an engine that serves many relays' threads at once (``outbox
+        verify``'s partition checks). Empty where the family keeps the pool
+        SQLAlchemy chooses for the URL.
+        """
+        return {"pool_size": size, "max_overflow": overflow}
+
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
         """``connect_args`` that bound how long connecting may take (the driver's own name)."""
         return {}

@@ -16,7 +16,8 @@ T = TypeVar("T")
 MAX_ERROR = 2000
 
 
-_ACTIVE = (State.PENDING, State.LEASED)
+#: The states of a row still to deliver: pending, or leased by a relay.
+ACTIVE_STATES = (State.PENDING, State.LEASED)
 
 
 #: Most keys one walk of an ordered claim visits (it visits twice the batch,

@@ -32,6 +32,6 @@ class MssqlInbox(InboxStatements):
         row = sa.select(
             sa.literal(consumer, t.c.consumer.type),
             sa.literal(event_id, t.c.event_id.type),
-            self.dialect.now(),
+            self.sql.now(),
         ).where(~existing.exists())
         return sa.insert(t).from_select(["consumer", "event_id", "processed_at"], row)

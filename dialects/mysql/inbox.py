@@ -51,7 +51,7 @@ class MysqlInbox(InboxStatements):
         t = self.tables.inbox
         return (
             sa.insert(t)
-            .values(consumer=consumer, event_id=event_id, processed_at=self.dialect.now())
+            .values(consumer=consumer, event_id=event_id, processed_at=self.sql.now())
             .prefix_with("IGNORE")
         )
 

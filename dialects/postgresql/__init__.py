@@ -106,7 +106,7 @@ class PostgresqlDialect(ReturningDialect):
         """``id = ANY(%(ids)s::BIGINT[])``: one parameter however many ids.
 
         With ``IN (...)`` every batch size is a different statement text, which
-        the driver parses anew (a few ms for 500 ids) on the relay's threads.
+        the driver parses anew on the relay's threads.
         """
         ids_param = sa.bindparam(
             "ids", list(ids), type_=postgresql.ARRAY(sa.BigInteger()), unique=True
@@ -118,8 +118,8 @@ class PostgresqlDialect(ReturningDialect):
 
         psycopg would build a ``uuid.UUID`` per row (which SQLAlchemy then
         turns back into a string) and hand jsonb bytes to ``json.loads``, which
-        sniffs their encoding first: together about a quarter of the claim
-        thread's Python time at batch 500 (py-spy, ``bench/drain.py``).
+        sniffs their encoding first: much of the claim thread's Python time
+        (see ``bench/drain.py``).
         :meth:`to_event` keeps the payload's text, parsed only when read.
         """
         columns = super().claim_columns(o)

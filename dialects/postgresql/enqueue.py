@@ -57,8 +57,7 @@ class PostgresqlEnqueue(EnqueueStatements):
         Seven array parameters whatever the number of events: one statement
         text (prepared once by psycopg), one round trip, rows (and so ids)
         in the order given. A multi-row ``VALUES`` would be a new statement
-        text per batch size, which psycopg parses anew (tens of ms per
-        thousand rows).
+        text per batch size, which psycopg parses anew.
         """
         wake_up = self.notify_statement()
         if notify and wake_up is not None:
@@ -102,7 +101,7 @@ class PostgresqlEnqueue(EnqueueStatements):
             )
             .render_derived()
         )
-        now = self.dialect.now()
+        now = self.sql.now()
         delay = sa.func.make_interval(0, 0, 0, 0, 0, 0, rows.c.delay)
         partition = [rows.c.key_partition] if self.with_partition else []
         picked = sa.select(

@@ -23,7 +23,7 @@ class PostgresqlSession(SessionSetup):
     PLAN_CACHE_MODE = "force_custom_plan"
     #: No JIT compilation: a relay's statements are short and run thousands of
     #: times; a plan whose estimate passes ``jit_above_cost`` (stale statistics,
-    #: a big table) would pay hundreds of milliseconds of compiling on every claim.
+    #: a big table) would pay for compiling it on every claim.
     JIT = "off"
 
     def connect_timeout_args(self, seconds: float) -> dict[str, Any]:

@@ -22,6 +22,6 @@ class SqliteInbox(InboxStatements):
         t = self.tables.inbox
         return (
             insert(t)
-            .values(consumer=consumer, event_id=event_id, processed_at=self.dialect.now())
+            .values(consumer=consumer, event_id=event_id, processed_at=self.sql.now())
             .on_conflict_do_nothing(index_elements=[t.c.consumer, t.c.event_id])
         )

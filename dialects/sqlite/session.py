@@ -19,6 +19,11 @@ class SqliteSession(SessionSetup):
         """Relays and producers take turns on the write lock: wait up to 30 s, don't fail."""
         return {"connect_args": {"timeout": 30}}
 
+    def pool_options(self, *, size: int, overflow: int) -> dict[str, Any]:
+        """No options: the pool SQLAlchemy chooses for the URL stays (in memory, one
+        connection per thread, with no overflow to set); writers take turns on one lock."""
+        return {}
+
     def begin_statement(self, conn: Connection) -> None:
         """Take the write lock at ``BEGIN`` so a claim never fails upgrading a read lock."""
         dbapi = conn.connection.dbapi_connection

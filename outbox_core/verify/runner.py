@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 
+from outbox_core.dialects.base import get_dialect
 from outbox_core.errors import OutboxError
 from outbox_core.outbox import Outbox
 from outbox_core.verify.checks import GUARANTEES
@@ -44,10 +45,9 @@ def verify(
 def _outbox(url: str, table: str) -> Outbox:
     """The outbox a check runs on. The partition checks run three relays (each a few
     threads with a connection of their own) and a producer on its engine: a pool with
-    room for all of them, where the driver's pool has a size."""
-    sized = sa.make_url(url).get_backend_name() != "sqlite"
-    options = {"pool_size": 10, "max_overflow": 20} if sized else {}
-    return Outbox(url, table=table, engine_options=options)
+    room for all of them, where the family sizes its pool (``pool_options``)."""
+    session = get_dialect(sa.make_url(url).get_backend_name()).parts.session()
+    return Outbox(url, table=table, engine_options=session.pool_options(size=10, overflow=20))
 
 
 def _empty_row(make: Callable[[str, str], Outbox], url: str, mode: str) -> Report:

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from outbox_core import Outbox
@@ -60,6 +60,12 @@ rows_ = st.lists(
     ),
     max_size=30,
 )
+
+
+#: Rows of the examples every must-fail run tries.
+LEASED_A = Row("a", State.LEASED, True, "t1")
+PENDING_A = Row("a", State.PENDING, True, "t1")
+BIG = Row(None, State.PENDING, True, "t1", chars=300)
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,9 @@ def check(
 def test_the_one_statement_claim_chooses_what_pick_chooses(pg: Outbox) -> None:
     @settings(max_examples=150)
     @given(case=cases)
+    # The must-fail runs' examples: the right statement gets them right.
+    @example(case=Case([LEASED_A, PENDING_A], [], [], 1, 10, 30, True, False))
+    @example(case=Case([BIG] * 3, [], [], 1, 10, 30, True, False, max_bytes=1))
     def run(case: Case) -> None:
         check(pg, case)
 
@@ -246,6 +255,8 @@ def test_the_one_statement_claim_chooses_what_pick_chooses(pg: Outbox) -> None:
 def test_a_statement_without_the_leased_key_check_is_caught(pg: Outbox) -> None:
     @settings(max_examples=300)
     @given(case=cases)
+    # Always tried, whatever the search finds: a key whose earlier row is in flight.
+    @example(case=Case([LEASED_A, PENDING_A], [], [], 1, 10, 30, True, False))
     def run(case: Case) -> None:
         check(pg, case, blocked_by_leases=False)
 
@@ -256,6 +267,8 @@ def test_a_statement_without_the_leased_key_check_is_caught(pg: Outbox) -> None:
 def test_a_statement_without_the_byte_budget_is_caught(pg: Outbox) -> None:
     @settings(max_examples=300)
     @given(case=cases)
+    # Always tried, whatever the search finds: rows past a budget the first one fills.
+    @example(case=Case([BIG] * 3, [], [], 1, 10, 30, True, False, max_bytes=1))
     def run(case: Case) -> None:
         check(pg, case, budget=False)
 
