@@ -72,7 +72,8 @@ from bench.bare_lease import bare_lease_rate
 from bench.common import PAYLOAD
 from outbox_core import Event, Outbox, Outcome
 from outbox_core.brokers.base import Broker
-from outbox_core.cli.wal import install_wal, uninstall_wal, wal_relay
+from outbox_core.cli.wal import install_wal, tailing_relay, uninstall_wal
+from outbox_core.dialects.base.tailing.progress_row import progress_table
 from outbox_core.dialects.postgresql.wal import (
     Insert,
     SlotInUse,
@@ -85,7 +86,6 @@ from outbox_core.dialects.postgresql.wal import (
     parse_lsn,
     replication_conninfo,
 )
-from outbox_core.dialects.postgresql.wal.table import progress_table
 from outbox_core.partitions import partition_of
 from tests.support import retry
 
@@ -392,7 +392,7 @@ class Bench:
         runner: Any
         if kind == "wal":
             settings = outbox.settings.replace(batch_size=self.batch, cleanup_after=0)
-            runner = wal_relay(outbox, broker, settings, "bench-wal")
+            runner = tailing_relay(outbox, broker, settings, "bench-wal")
         else:
             runner = outbox.relay(
                 broker,
@@ -439,7 +439,7 @@ class Bench:
         runner: Any
         if mode == "wal":
             settings = outbox.settings.replace(batch_size=100, cleanup_after=0)
-            runner = wal_relay(outbox, broker, settings, "bench-wal-latency")
+            runner = tailing_relay(outbox, broker, settings, "bench-wal-latency")
         else:
             runner = outbox.relay(
                 broker,

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
     from outbox_core.config import Settings
     from outbox_core.outbox import Outbox
-    from outbox_core.relay.wal import WalRelay
+    from outbox_core.relay.tailing import TailingRelay
 
 
 class Served(Protocol):
@@ -296,19 +296,17 @@ class PartitionCollector:
 
 
 class WalCollector:
-    """Log tailing: the slot's lag (read at scrape time) and what the relay holds."""
+    """Log tailing: the source's lag (read at scrape time) and what the relay holds."""
 
-    def __init__(self, relay: WalRelay, slot: str) -> None:
+    def __init__(self, relay: TailingRelay) -> None:
         self.relay = relay
-        self.slot = slot
 
     def collect(self) -> Iterator[Metric]:
         """Yield the relay's gauges, and the slot's when the database answers."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from outbox_core.dialects.postgresql.wal import slot_facts
-
         relay = self.relay
+        source = relay.source
         yield GaugeMetricFamily(
             "outbox_wal_held_events", "Events read from the slot, not yet published.", relay.held
         )
@@ -316,9 +314,9 @@ class WalCollector:
         oldest = relay.oldest_unpublished
         try:
             with relay.engine.connect() as conn:
-                facts = slot_facts(conn, self.slot)
-                deferred, oldest_deferred = relay.table.oldest_deferred(conn)
-                dead = relay.table.dead_count(conn)
+                facts = source.facts(conn)
+                deferred, oldest_deferred = source.table.deferred.oldest(conn)
+                dead = source.table.dead_count(conn)
         except sa.exc.SQLAlchemyError as exc:
             log.warning("slot gauges unavailable: %s", redact(str(exc)))
             facts = None
@@ -378,10 +376,10 @@ class MetricsServer:
         if isinstance(relay, Relay) and relay.membership is not None:
             self.registry.register(PartitionCollector(relay, relay.membership))
         if slot is not None:
-            from outbox_core.relay.wal import WalRelay
+            from outbox_core.relay.tailing import TailingRelay
 
-            assert isinstance(relay, WalRelay)
-            self.registry.register(WalCollector(relay, slot))
+            assert isinstance(relay, TailingRelay)
+            self.registry.register(WalCollector(relay))
         self.started = time.time()
         # Healthy while a cycle finished within this many seconds.
         self.stale_after = max(30.0, 3 * relay.settings.max_poll_interval + relay.settings.lease)

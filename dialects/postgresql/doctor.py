@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from outbox_core.doctor.family import FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity, format_age
+
+if TYPE_CHECKING:
+    from outbox_core.dialects.postgresql.wal import SlotFacts
+    from outbox_core.relay.tailing import TailingStatus
 
 
 def isolation(ctx: DoctorContext) -> Iterable[Finding]:
@@ -181,24 +185,13 @@ def log_tailing(ctx: DoctorContext) -> Iterable[Finding]:
     server's disk, until the disk is full: an error past
     ``slot_retained_error``.
     """
-    from outbox_core.dialects.postgresql.wal import check_ready, slot_facts
-    from outbox_core.relay.wal import wal_names
+    from outbox_core.dialects.postgresql.wal import check_ready, slot_facts, wal_names
 
     settings = ctx.outbox.settings
     slot, publication = wal_names(settings)
     facts = slot_facts(ctx.conn, slot)
     if facts is None:
-        if settings.source == "wal":
-            yield Finding(
-                "log_tailing",
-                Severity.ERROR,
-                f"source is wal but replication slot {slot!r} does not exist",
-                fix=f"{ctx.install_command()} --source wal",
-            )
-        else:
-            yield Finding(
-                "log_tailing", Severity.OK, f"no replication slot {slot!r}: relayed by polling"
-            )
+        yield _no_slot(ctx, slot)
         return
     details = {
         "slot": slot,
@@ -223,6 +216,23 @@ def log_tailing(ctx: DoctorContext) -> Iterable[Finding]:
             details=details,
         )
         return
+    yield _retention(ctx, slot, facts, details)
+
+
+def _no_slot(ctx: DoctorContext, slot: str) -> Finding:
+    """No replication slot: an error where the outbox is set to tail the log."""
+    if ctx.outbox.settings.source == "wal":
+        return Finding(
+            "log_tailing",
+            Severity.ERROR,
+            f"source is wal but replication slot {slot!r} does not exist",
+            fix=f"{ctx.install_command()} --source wal",
+        )
+    return Finding("log_tailing", Severity.OK, f"no replication slot {slot!r}: relayed by polling")
+
+
+def _retention(ctx: DoctorContext, slot: str, facts: SlotFacts, details: dict[str, Any]) -> Finding:
+    """A readable slot: whether a relay reads it, and the WAL it keeps on the server's disk."""
     retained = facts.retained_bytes or 0
     kept = f"keeps {retained / 2**20:.1f} MiB of WAL"
     drop = (
@@ -231,7 +241,7 @@ def log_tailing(ctx: DoctorContext) -> Iterable[Finding]:
     )
     limits = ctx.limits
     if retained >= limits.slot_retained_error:
-        yield Finding(
+        return Finding(
             "log_tailing",
             Severity.ERROR,
             f"slot {slot!r} {kept} (over {limits.slot_retained_error / 2**30:.0f} GiB): the "
@@ -239,29 +249,28 @@ def log_tailing(ctx: DoctorContext) -> Iterable[Finding]:
             fix=drop,
             details=details,
         )
-    elif not facts.active:
-        yield Finding(
+    if not facts.active:
+        return Finding(
             "log_tailing",
             Severity.WARNING,
             f"no relay reads slot {slot!r} now; it {kept}, more with every write",
             fix=drop,
             details=details,
         )
-    elif retained >= limits.slot_retained_warning:
-        yield Finding(
+    if retained >= limits.slot_retained_warning:
+        return Finding(
             "log_tailing",
             Severity.WARNING,
             f"slot {slot!r} is read (pid {facts.active_pid}) but {kept}: the relay is behind",
             fix="look at the relay's broker (outages hold the slot) and its logs",
             details=details,
         )
-    else:
-        yield Finding(
-            "log_tailing",
-            Severity.OK,
-            f"slot {slot!r} is read (pid {facts.active_pid}) and {kept}",
-            details=details,
-        )
+    return Finding(
+        "log_tailing",
+        Severity.OK,
+        f"slot {slot!r} is read (pid {facts.active_pid}) and {kept}",
+        details=details,
+    )
 
 
 def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
@@ -275,8 +284,8 @@ def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
     ``max_backlog_age``. Nothing (the table's backlog check runs) when the
     source is the table.
     """
+    from outbox_core.dialects.postgresql.wal import wal_names
     from outbox_core.dialects.postgresql.wal.table import WalTable
-    from outbox_core.relay.wal import wal_names
 
     settings = ctx.outbox.settings
     if settings.source != "wal":
@@ -315,21 +324,7 @@ def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
             details=details,
         )
         return
-    parts = []
-    if status.reading:
-        parts.append(f"{status.held} held by relay {status.relay}")
-        rate = (status.published_last_minute or 0) / 60
-        parts.append(f"{rate:.1f}/s published over the last minute")
-    else:
-        parts.append(
-            f"no relay reads (relay {status.relay} last reported "
-            f"{format_age(status.report_age)} ago)"
-        )
-    if status.unread_bytes is not None:
-        parts.append(f"{status.unread_bytes / 1024:.1f} KiB of WAL unread")
-    if status.deferred:
-        parts.append(f"{status.deferred} deferred in the table")
-    described = ", ".join(parts)
+    described = _stream_summary(status, status.report_age)
     if age is not None and age > limit:
         yield Finding(
             "backlog",
@@ -349,6 +344,24 @@ def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
         f"stream: {described}; {oldest} (threshold {format_age(limit)})",
         details=details,
     )
+
+
+def _stream_summary(status: TailingStatus, report_age: float) -> str:
+    """What the relay's last report says waits: held, published, unread, deferred."""
+    parts = []
+    if status.reading:
+        parts.append(f"{status.held} held by relay {status.relay}")
+        rate = (status.published_last_minute or 0) / 60
+        parts.append(f"{rate:.1f}/s published over the last minute")
+    else:
+        parts.append(
+            f"no relay reads (relay {status.relay} last reported {format_age(report_age)} ago)"
+        )
+    if status.unread_bytes is not None:
+        parts.append(f"{status.unread_bytes / 1024:.1f} KiB of WAL unread")
+    if status.deferred:
+        parts.append(f"{status.deferred} deferred in the table")
+    return ", ".join(parts)
 
 
 #: The checks this database adds to ``outbox doctor``, by finding name.

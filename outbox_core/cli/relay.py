@@ -20,10 +20,9 @@ from outbox_core.cli.options import (
     parse_broker_options,
     settings_from,
 )
-from outbox_core.cli.wal import source_options, wal_relay
+from outbox_core.cli.wal import source_options, tailing_relay
 from outbox_core.errors import ConfigurationError
 from outbox_core.redaction import mask_url
-from outbox_core.relay.wal import wal_names
 
 if TYPE_CHECKING:
     from outbox_core.metrics import MetricsServer, Served
@@ -129,9 +128,9 @@ def relay(
             raise ConfigurationError("--source wal runs until SIGTERM: no --once")
         broker = create_broker(settings.broker_url, **options)
         try:
-            tailing = wal_relay(outbox, broker, settings, name)  # not PostgreSQL: refused first
+            tailing = tailing_relay(outbox, broker, settings, name)  # not PostgreSQL: refused first
             outbox.check()
-            server = _serve_metrics(outbox, tailing, metrics_port, wal_names(settings)[0])
+            server = _serve_metrics(outbox, tailing, metrics_port, tailing.source.name)
         except BaseException:
             broker.close()
             raise

@@ -34,8 +34,8 @@ from outbox_core.dialects.postgresql.wal import (
     drop_publication,
     drop_slot,
 )
+from outbox_core.dialects.postgresql.wal.scratch import LOCK_CLASS
 from outbox_core.verify import GUARANTEES, verify
-from outbox_core.verify.wal import LOCK_CLASS
 from tests.conftest import BACKENDS, _probe, server_url, unavailable
 from tests.faults.private_servers import PrivatePostgres
 from tests.support import outbox_cli

@@ -52,10 +52,11 @@ import sqlalchemy as sa
 
 from outbox_core import Outbox
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.cli.wal import install_wal, uninstall_wal, wal_relay, wal_status
+from outbox_core.cli.wal import install_wal, tailing_relay, uninstall_wal, wal_status
 from outbox_core.dialects.postgresql.wal import SlotInUse, slot_facts
 from outbox_core.message import Event, Outcome, State
-from outbox_core.relay.wal import WalRelay
+from outbox_core.relay.tailing import TailingRelay
+from outbox_core.relay.tailing.handover import HandOver
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 from tests.contract.test_wal_stream import private_postgres, retry
 from tests.faults.private_servers import PrivatePostgres, free_port
@@ -76,7 +77,7 @@ class Feed:
 
     logical_server: PrivatePostgres
     outbox: Outbox
-    relays: list[WalRelay] = field(default_factory=list)
+    relays: list[TailingRelay] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
     @property
@@ -92,10 +93,10 @@ class Feed:
         with self.outbox.engine.begin() as conn:
             return [self.outbox.enqueue(conn, TOPIC, p, key=k) for k, p in events]
 
-    def start(self, broker: Any, **knobs: Any) -> WalRelay:
+    def start(self, broker: Any, **knobs: Any) -> TailingRelay:
         """A relay running on a thread of this process (stopped at teardown)."""
         settings = self.outbox.settings.replace(**knobs)
-        relay = wal_relay(self.outbox, broker, settings, f"test-{len(self.relays)}")
+        relay = tailing_relay(self.outbox, broker, settings, f"test-{len(self.relays)}")
         thread = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
         thread.start()
         self.relays.append(relay)
@@ -255,15 +256,15 @@ def test_a_relay_catching_up_reports_the_backlog_age_not_zero(feed: Feed) -> Non
 # ------------------------------------------------------------------ long waits go to the table
 
 
-class KeyNotHeld(WalRelay):
+class KeyNotHeld(HandOver):
     """Broken on purpose: hands a long wait to the table but not its key's later events."""
 
-    @property  # type: ignore[override]
-    def deferred_keys(self) -> set[str]:
+    @property
+    def keys(self) -> set[str]:
         return set()
 
-    @deferred_keys.setter
-    def deferred_keys(self, value: set[str]) -> None:
+    @keys.setter
+    def keys(self, value: set[str]) -> None:
         pass
 
 
@@ -277,7 +278,7 @@ def test_a_long_delay_waits_in_the_table_and_the_slot_moves_on(feed: Feed, broke
     queue = MemoryQueue("wal-defer")
     relay = feed.start(MemoryBroker(queue), defer_after=1.0)
     if broken:
-        relay.__class__ = KeyNotHeld
+        relay.handover.__class__ = KeyNotHeld
     with feed.outbox.engine.begin() as conn:
         late = feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="a", delay=4)
     behind, other = feed.enqueue(("a", {"n": 2}), ("b", {"n": 3}))
@@ -329,13 +330,13 @@ def test_a_long_backoff_hands_the_key_over_and_the_next_relay_finishes_it_in_ord
     feed.threads[0].join(30)
     # A new relay: x is still held (its next event goes to the table behind the others).
     second = feed.start(MemoryBroker(queue, decide=decide), **knobs)
-    wait_for(lambda: "x" in second.deferred_keys, 10, "the key held at connect")
+    wait_for(lambda: "x" in second.handover.keys, 10, "the key held at connect")
     (later,) = feed.enqueue(("x", {"n": 3}))
     wait_for(lambda: len(queue.snapshot()) == 3, 20, "x's three events")
     assert [e.event_id for e in queue.snapshot()] == [failing, behind, later]
     assert calls == {failing: 2, behind: 1, later: 1}
     assert {feed.rows()[i][0] for i in (failing, behind, later)} == {State.SENT}
-    wait_for(lambda: not second.deferred_keys, 5, "x back to the stream")
+    wait_for(lambda: not second.handover.keys, 5, "x back to the stream")
     (last,) = feed.enqueue(("x", {"n": 4}))
     wait_for(lambda: len(queue.snapshot()) == 4, 10, "x's next event, from the stream")
     assert queue.snapshot()[-1].event_id == last and feed.rows()[last][0] == State.PENDING
@@ -367,7 +368,7 @@ def test_hand_over_order_follows_the_previous_relays_even_when_its_clock_was_ahe
     first = feed.start(MemoryBroker(queue), defer_after=1.0)
     with feed.outbox.engine.begin() as conn:
         early = feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="s", delay=3)
-    wait_for(lambda: "s" in first.deferred_keys and first.held == 0, 10, "s handed over")
+    wait_for(lambda: "s" in first.handover.keys and first.held == 0, 10, "s handed over")
     first.stop()
     feed.threads[0].join(30)
     # The first relay's host clock ran 30 s ahead of the next one's.
@@ -379,7 +380,7 @@ def test_hand_over_order_follows_the_previous_relays_even_when_its_clock_was_ahe
             .values(lease_until=t.c.lease_until + sa.text("interval '30 seconds'"))
         )
     second = feed.start(MemoryBroker(queue), defer_after=1.0)
-    wait_for(lambda: "s" in second.deferred_keys, 10, "the key held at connect")
+    wait_for(lambda: "s" in second.handover.keys, 10, "the key held at connect")
     (later,) = feed.enqueue(("s", {"n": 2}))
     wait_for(lambda: len(queue.snapshot()) == 2, 15, "both events of s")
     assert [e.event_id for e in queue.snapshot()] == [early, later]
@@ -572,7 +573,7 @@ def test_a_lost_connection_resumes_at_the_confirmed_position_without_loss(feed: 
     assert 1 <= delivered.count(ids[1]) <= 2 and delivered.count(ids[0]) >= 1
     first_a = [i for i in dict.fromkeys(delivered) if i in (ids[0], ids[1], ids[3])]
     assert first_a == [ids[0], ids[1], ids[3]]
-    wait_for(lambda: relay.held == 0 and relay.stream is not None, 10, "caught up")
+    wait_for(lambda: relay.held == 0 and relay.reader is not None, 10, "caught up")
 
 
 def test_a_postgresql_restart_under_load_loses_nothing(feed: Feed) -> None:

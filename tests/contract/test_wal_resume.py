@@ -48,16 +48,17 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
-from outbox_core.cli.wal import install_wal, wal_relay
+from outbox_core.cli.wal import install_wal, tailing_relay
 from outbox_core.dialects.postgresql.wal import (
     StreamStart,
     drop_slot,
     parse_lsn,
     slot_facts,
 )
+from outbox_core.dialects.postgresql.wal.source import log_start
 from outbox_core.errors import OutboxError
 from outbox_core.message import Event, Outcome
-from outbox_core.relay.wal import WalRelay
+from outbox_core.relay.tailing import TailingRelay
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 from tests.contract.test_wal_relay import Feed as RelayFeed
 from tests.contract.test_wal_relay import installed_feed, wait_for
@@ -76,7 +77,7 @@ CRASHES = 3
 class Feed(RelayFeed):
     """The log-tailing tests' feed, with the positions these tests compare."""
 
-    def stop(self, relay: WalRelay) -> None:
+    def stop(self, relay: TailingRelay) -> None:
         relay.stop()
         self.threads[self.relays.index(relay)].join(30)
 
@@ -326,12 +327,12 @@ def test_each_reconnect_is_logged_once_with_its_position(
         ids = set(feed.enqueue(*[(f"k{i}", {"round": round_}) for i in range(10)]))
         wait_for(lambda ids=ids: ids <= set(delivered(queue)), 20, "the round's events")
         wait_for(lambda: relay.held == 0, 10, "caught up")
-        stream = relay.stream
-        assert stream is not None
-        before = stream.confirmed_lsn
+        reader = relay.reader
+        assert reader is not None
+        before = reader.confirmed
         drop_reader(feed)
         wait_for(
-            lambda stream=stream: relay.stream not in (None, stream),  # type: ignore[misc]
+            lambda reader=reader: relay.reader not in (None, reader),  # type: ignore[misc]
             20,
             "the relay reconnected",
         )
@@ -350,15 +351,16 @@ def test_each_reconnect_is_logged_once_with_its_position(
 def test_where_a_stream_starts_trusts_only_positions_of_this_servers_history(
     feed: Feed, caplog: pytest.LogCaptureFixture
 ) -> None:
-    relay = wal_relay(
+    relay = tailing_relay(
         feed.outbox, MemoryBroker(MemoryQueue("wal-judge")), feed.outbox.settings, "judge"
     )
     slot, flushed = feed.slot_lsn(), feed.wal_lsn()
-    start = StreamStart(feed.slot, system_id="7", timeline=1, flush_lsn=flushed, slot_lsn=slot)
+    told = StreamStart(feed.slot, system_id="7", timeline=1, flush_lsn=flushed, slot_lsn=slot)
+    start = log_start(told)
 
     def progress(lsn: int) -> None:
         with feed.outbox.engine.connect() as conn:
-            relay.table.report(
+            relay.source.table.progress.report(
                 conn, slot=feed.slot, relay="old", confirmed_lsn=lsn, held=0, oldest_held_at=None
             )
 
@@ -372,10 +374,10 @@ def test_where_a_stream_starts_trusts_only_positions_of_this_servers_history(
             assert relay.choose_start(start) == slot
         assert "beyond the server's WAL" in caplog.text
         # Its own last confirm: on the same history only (a promoted standby's differs).
-        relay._settled = ("7", 1, flushed)
+        relay.resume.settled = (start.history, flushed)
         assert relay.choose_start(start) == flushed
-        assert relay.choose_start(dataclasses.replace(start, timeline=2)) == slot
-        assert relay.choose_start(dataclasses.replace(start, system_id="8")) == slot
+        assert relay.choose_start(log_start(dataclasses.replace(told, timeline=2))) == slot
+        assert relay.choose_start(log_start(dataclasses.replace(told, system_id="8"))) == slot
     finally:
         relay.close()
     # A slot made again by install: the old one's position means nothing to it.

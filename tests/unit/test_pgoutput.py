@@ -38,7 +38,7 @@ from outbox_core.dialects.postgresql.wal import (
     replication_conninfo,
     validate_slot_name,
 )
-from outbox_core.dialects.postgresql.wal.stream import quote_identifier
+from outbox_core.dialects.postgresql.wal.names import quote_identifier
 from outbox_core.errors import ConfigurationError, InvalidIdentifier
 
 WHEN = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)

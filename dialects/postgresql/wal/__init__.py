@@ -1,13 +1,40 @@
 """Log tailing for PostgreSQL: outbox inserts read from a logical replication slot.
 
-:mod:`.pgoutput` decodes the ``pgoutput`` plugin's messages (protocol
-version 1); :mod:`.stream` sets up the publication and slot with ordinary SQL
-and reads the slot with psycopg2's logical replication support, handing out
-whole committed transactions in commit order.
+PostgreSQL's implementation of the relay's log source
+(:mod:`outbox_core.relay.tailing`), registered for the ``postgresql``
+dialect when this package is imported:
+
+* :mod:`.pgoutput` decodes the ``pgoutput`` plugin's messages (protocol
+  version 1);
+* :mod:`.slots` sets up the publication and slot with ordinary SQL;
+* :mod:`.stream` reads the slot with psycopg2's logical replication support,
+  handing out whole committed transactions in commit order (:mod:`.rows`);
+* :mod:`.source` makes it the relay's :class:`~outbox_core.relay.tailing.LogSource`;
+* :mod:`.table` spells the outbox table's upserts and installs ``<table>_wal``;
+* :mod:`.tailing` is what ``install``, ``uninstall``, ``status`` and ``relay``
+  do with ``--source wal``; :mod:`.scratch` the throwaway slot of ``outbox verify``.
 """
 
 from __future__ import annotations
 
+from outbox_core.dialects.postgresql.wal.conninfo import replication_conninfo
+from outbox_core.dialects.postgresql.wal.errors import (
+    PublicationMissing,
+    ReplicationNotPermitted,
+    SlotInUse,
+    SlotInvalidated,
+    SlotMissing,
+    WalConnectionError,
+    WalLevelNotLogical,
+)
+from outbox_core.dialects.postgresql.wal.names import (
+    PUBLISH,
+    format_lsn,
+    masked_url,
+    parse_lsn,
+    validate_slot_name,
+    wal_names,
+)
 from outbox_core.dialects.postgresql.wal.pgoutput import (
     Begin,
     Column,
@@ -31,37 +58,30 @@ from outbox_core.dialects.postgresql.wal.pgoutput import (
     load_row,
     load_text,
 )
-from outbox_core.dialects.postgresql.wal.stream import (
-    PublicationMissing,
-    ReplicationNotPermitted,
+from outbox_core.dialects.postgresql.wal.rows import StreamStart, WalRow, WalTransaction
+from outbox_core.dialects.postgresql.wal.slots import (
     SlotFacts,
-    SlotInUse,
-    SlotInvalidated,
-    SlotMissing,
-    StreamStart,
-    WalConnectionError,
-    WalLevelNotLogical,
-    WalRow,
-    WalStream,
-    WalTransaction,
     can_replicate,
     check_ready,
     create_publication,
     create_slot,
     drop_publication,
     drop_slot,
-    format_lsn,
-    masked_url,
-    parse_lsn,
     publication_exists,
-    replication_conninfo,
     require_logical_wal,
     slot_facts,
-    validate_slot_name,
     wal_level,
 )
+from outbox_core.dialects.postgresql.wal.source import SlotReader, SlotSource
+from outbox_core.dialects.postgresql.wal.stream import WalStream
+from outbox_core.dialects.postgresql.wal.table import WalTable
+from outbox_core.dialects.postgresql.wal.tailing import LogicalReplication
+from outbox_core.relay.tailing import register_log_tailing
+
+register_log_tailing("postgresql", LogicalReplication())
 
 __all__ = [
+    "PUBLISH",
     "Begin",
     "Column",
     "ColumnValue",
@@ -69,6 +89,7 @@ __all__ = [
     "Delete",
     "Insert",
     "LogicalMessage",
+    "LogicalReplication",
     "Message",
     "Origin",
     "Other",
@@ -79,6 +100,8 @@ __all__ = [
     "SlotInUse",
     "SlotInvalidated",
     "SlotMissing",
+    "SlotReader",
+    "SlotSource",
     "StreamStart",
     "Truncate",
     "TupleData",
@@ -91,6 +114,7 @@ __all__ = [
     "WalLevelNotLogical",
     "WalRow",
     "WalStream",
+    "WalTable",
     "WalTransaction",
     "can_replicate",
     "check_ready",
@@ -110,4 +134,5 @@ __all__ = [
     "slot_facts",
     "validate_slot_name",
     "wal_level",
+    "wal_names",
 ]

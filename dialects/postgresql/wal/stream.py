@@ -26,17 +26,32 @@ Guarantees the caller builds on:
 
 from __future__ import annotations
 
-import re
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
+from outbox_core.dialects.postgresql.wal.conninfo import replication_conninfo
+from outbox_core.dialects.postgresql.wal.errors import (
+    PublicationMissing,
+    ReplicationNotPermitted,
+    SlotInUse,
+    SlotInvalidated,
+    SlotMissing,
+    WalConnectionError,
+    WalLevelNotLogical,
+)
+from outbox_core.dialects.postgresql.wal.names import (
+    format_lsn,
+    lsn_or_none,
+    masked_url,
+    parse_lsn,
+    validate_slot_name,
+)
 from outbox_core.dialects.postgresql.wal.pgoutput import (
     Begin,
     Commit,
@@ -47,464 +62,23 @@ from outbox_core.dialects.postgresql.wal.pgoutput import (
     WalDecodeError,
     WalError,
     decode_message,
-    load_row,
 )
-from outbox_core.errors import ConfigurationError, DatabaseError, UnsupportedDatabase
+from outbox_core.dialects.postgresql.wal.rows import StreamStart, WalRow, WalTransaction
+from outbox_core.errors import ConfigurationError
 from outbox_core.redaction import redact
 from outbox_core.schema import validate_identifier
 
-# --------------------------------------------------------------------------- errors
-
-
-class SlotInUse(WalError):
-    """Another connection is reading the slot (SQLSTATE 55006): retry later.
-
-    A standby reader waits on this; the slot is free once the other reader's
-    connection is gone (closed, or found dead within ``wal_sender_timeout``).
-    """
-
-    transient = True
-
-
-class SlotMissing(WalError):
-    """The replication slot does not exist (or is not a ``pgoutput`` slot of this database)."""
-
-
-class SlotInvalidated(WalError):
-    """The server dropped WAL the slot still needed (``wal_status = 'lost'``).
-
-    ``max_slot_wal_keep_size`` was exceeded: changes after the slot's
-    confirmed position are gone from the log. A new slot starts from now;
-    what was committed in between must be found another way (polling).
-    """
-
-
-class PublicationMissing(WalError):
-    """The publication named for the stream does not exist."""
-
-
-class WalLevelNotLogical(WalError, UnsupportedDatabase):
-    """The server's ``wal_level`` is not ``logical``: logical decoding is impossible."""
-
-
-class ReplicationNotPermitted(WalError):
-    """The role has neither the REPLICATION attribute nor superuser."""
-
-
-class WalConnectionError(WalError, DatabaseError):
-    """The replication connection could not be made or was lost; a new reader may succeed."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, unreachable=True)
-
-
-# --------------------------------------------------------------------------- LSNs and names
-
-_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
-
-
-def parse_lsn(text: str) -> int:
-    """``'16/B374D848'`` -> int."""
-    high, sep, low = text.partition("/")
-    try:
-        if not sep:
-            raise ValueError(text)
-        return (int(high, 16) << 32) | int(low, 16)
-    except ValueError:
-        raise ConfigurationError(f"invalid LSN {text!r}: expected hex 'X/Y'") from None
-
-
-def format_lsn(lsn: int) -> str:
-    """int -> ``'16/B374D848'`` (PostgreSQL's spelling)."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def _lsn(value: object) -> int | None:
-    return None if value is None else parse_lsn(str(value))
-
-
-def validate_slot_name(name: str) -> str:
-    """PostgreSQL's own rule for slot names: 1-63 lower-case letters, digits, underscores."""
-    if not isinstance(name, str) or not _SLOT_NAME.fullmatch(name):
-        raise ConfigurationError(
-            f"invalid replication slot name {name!r}: use 1-63 lower-case letters, "
-            "digits or underscores"
-        )
-    return name
-
-
-def quote_identifier(name: str, what: str) -> str:
-    """A validated identifier, double-quoted (the case it was written in is kept)."""
-    return '"' + validate_identifier(name, what) + '"'
-
-
-def masked_url(url: str | sa.URL) -> str:
-    """The URL with its password hidden: what errors and logs may show."""
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return redact(str(url))
-
-
-# --------------------------------------------------------------------------- SQL helpers
-# Ordinary statements on a normal (psycopg 3) connection; the caller owns the transaction.
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    orig = getattr(exc, "orig", None) or exc
-    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return None if state is None else str(state)
-
-
-def _failed(operation: str, exc: sa.exc.DBAPIError) -> WalError:
-    """The typed error of a failed statement (the driver error's own text, password-free)."""
-    detail = redact(f"{operation} failed: {getattr(exc, 'orig', None) or exc}")
-    state = _sqlstate(exc)
-    if state == "55000" and "wal_level" in detail:
-        return WalLevelNotLogical(detail)
-    if state == "42501":
-        return ReplicationNotPermitted(detail)
-    if state == "55006":
-        return SlotInUse(detail)
-    return WalError(detail)
-
-
-def wal_level(conn: sa.Connection) -> str:
-    """The server's ``wal_level`` (``minimal``, ``replica`` or ``logical``)."""
-    return str(conn.execute(sa.text("SHOW wal_level")).scalar_one())
-
-
-def require_logical_wal(conn: sa.Connection) -> None:
-    """Raise :class:`WalLevelNotLogical` unless ``wal_level = logical``."""
-    level = wal_level(conn)
-    if level != "logical":
-        raise WalLevelNotLogical(
-            f"wal_level is {level!r}, logical decoding needs 'logical' "
-            "(ALTER SYSTEM SET wal_level = logical, then restart the server)"
-        )
-
-
-def can_replicate(conn: sa.Connection) -> bool:
-    """The current role may open replication connections (REPLICATION or superuser)."""
-    return bool(
-        conn.execute(
-            sa.text("SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user")
-        ).scalar()
-    )
-
-
-def publication_exists(conn: sa.Connection, name: str) -> bool:
-    """A publication of this name exists in the connection's database."""
-    return (
-        conn.execute(
-            sa.text("SELECT 1 FROM pg_publication WHERE pubname = :name"), {"name": name}
-        ).first()
-        is not None
-    )
-
-
-def create_publication(
-    conn: sa.Connection,
-    name: str,
-    *,
-    table: str,
-    schema: str = "public",
-    publish: Sequence[str] = ("insert",),
-) -> bool:
-    """``CREATE PUBLICATION name FOR TABLE schema.table WITH (publish = ...)``.
-
-    ``publish`` names the operations sent (``insert``, ``update``, ``delete``).
-    False (and nothing done) when a publication of that name exists already.
-    Create it before the slot: the slot decodes a change with the catalog of
-    its time, and a publication younger than the change is not found.
-    """
-    operations = ", ".join(op for op in publish if op in ("insert", "update", "delete"))
-    if not operations or len(operations.split(", ")) != len(publish):
-        raise ConfigurationError(f"publish: insert, update or delete, not {list(publish)!r}")
-    statement = (
-        f"CREATE PUBLICATION {quote_identifier(name, 'publication name')} FOR TABLE "
-        f"{quote_identifier(schema, 'schema name')}.{quote_identifier(table, 'table name')} "
-        f"WITH (publish = '{operations}')"
-    )
-    if publication_exists(conn, name):
-        return False
-    try:
-        conn.execute(sa.text(statement))
-    except sa.exc.DBAPIError as exc:
-        raise _failed(f"creating publication {name}", exc) from exc
-    return True
-
-
-def drop_publication(conn: sa.Connection, name: str) -> None:
-    """``DROP PUBLICATION IF EXISTS name``."""
-    conn.execute(
-        sa.text(f"DROP PUBLICATION IF EXISTS {quote_identifier(name, 'publication name')}")
-    )
-
-
-def create_slot(conn: sa.Connection, name: str) -> int:
-    """Create the logical slot ``name`` (plugin ``pgoutput``); the LSN it starts at.
-
-    The statement waits for the transactions running elsewhere to end, and
-    refuses to run in a transaction that has written anything.
-    """
-    try:
-        lsn = conn.execute(
-            sa.text("SELECT lsn FROM pg_create_logical_replication_slot(:name, 'pgoutput')"),
-            {"name": validate_slot_name(name)},
-        ).scalar_one()
-    except sa.exc.DBAPIError as exc:
-        raise _failed(f"creating replication slot {name}", exc) from exc
-    return parse_lsn(str(lsn))
-
-
-def drop_slot(conn: sa.Connection, name: str) -> bool:
-    """Drop the slot ``name`` if it exists (:class:`SlotInUse` while a reader has it)."""
-    if slot_facts(conn, validate_slot_name(name)) is None:
-        return False
-    try:
-        conn.execute(sa.text("SELECT pg_drop_replication_slot(:name)"), {"name": name})
-    except sa.exc.DBAPIError as exc:
-        raise _failed(f"dropping replication slot {name}", exc) from exc
-    return True
-
-
-@dataclass(frozen=True)
-class SlotFacts:
-    """A replication slot as ``pg_replication_slots`` shows it, LSNs as ints.
-
-    ``retained_bytes`` is the WAL the slot keeps on disk (current WAL
-    position minus ``restart_lsn``); ``lag_bytes`` the WAL written since its
-    confirmed position (what its reader has not confirmed yet, outbox or
-    not); ``wal_status`` and ``safe_wal_size`` are ``None`` before
-    PostgreSQL 13.
-    """
-
-    name: str
-    plugin: str | None
-    slot_type: str
-    database: str | None
-    active: bool
-    active_pid: int | None
-    restart_lsn: int | None
-    confirmed_flush_lsn: int | None
-    retained_bytes: int | None
-    wal_status: str | None
-    safe_wal_size: int | None
-    lag_bytes: int | None = None
-
-
-def slot_facts(conn: sa.Connection, name: str) -> SlotFacts | None:
-    """The slot ``name``, or None when it does not exist."""
-    newer = conn.execute(sa.text("SHOW server_version_num")).scalar_one()
-    # wal_status and safe_wal_size came with PostgreSQL 13.
-    extra = "wal_status, safe_wal_size" if int(newer) >= 130000 else "NULL, NULL"
-    current = (
-        "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
-    )
-    row = conn.execute(
-        sa.text(
-            "SELECT slot_name, plugin, slot_type, database, active, active_pid, "
-            "restart_lsn::text, confirmed_flush_lsn::text, "
-            f"pg_wal_lsn_diff({current}, restart_lsn)::bigint, {extra}, "
-            f"pg_wal_lsn_diff({current}, confirmed_flush_lsn)::bigint "
-            "FROM pg_replication_slots WHERE slot_name = :name"
-        ),
-        {"name": name},
-    ).first()
-    if row is None:
-        return None
-    return SlotFacts(
-        name=row[0],
-        plugin=row[1],
-        slot_type=row[2],
-        database=row[3],
-        active=bool(row[4]),
-        active_pid=row[5],
-        restart_lsn=_lsn(row[6]),
-        confirmed_flush_lsn=_lsn(row[7]),
-        retained_bytes=None if row[8] is None else int(row[8]),
-        wal_status=row[9],
-        safe_wal_size=None if row[10] is None else int(row[10]),
-        lag_bytes=None if row[11] is None else max(0, int(row[11])),
-    )
-
-
-def check_ready(
-    conn: sa.Connection,
-    *,
-    slot: str,
-    publication: str,
-    table: tuple[str | None, str] | None = None,
-) -> list[WalError]:
-    """Every reason a :class:`WalStream` of ``slot`` / ``publication`` would be refused.
-
-    An empty list when the server is ready: ``wal_level = logical``, the role
-    may replicate, the slot exists as a ``pgoutput`` slot of this database
-    that has kept its WAL, the publication exists and, given ``table``
-    (schema, name; schema None: the current one), publishes that table's
-    inserts and updates (a replay reaches the relay as an update).
-    """
-    problems: list[WalError] = []
-    try:
-        require_logical_wal(conn)
-    except WalLevelNotLogical as exc:
-        problems.append(exc)
-    if not can_replicate(conn):
-        problems.append(
-            ReplicationNotPermitted(
-                "the role has neither REPLICATION nor superuser (ALTER ROLE ... WITH REPLICATION)"
-            )
-        )
-    facts = slot_facts(conn, slot)
-    database = conn.execute(sa.text("SELECT current_database()")).scalar_one()
-    if facts is None:
-        problems.append(SlotMissing(f"replication slot {slot!r} does not exist"))
-    elif facts.plugin != "pgoutput" or facts.database != database:
-        problems.append(
-            SlotMissing(
-                f"replication slot {slot!r} is not a pgoutput slot of database {database!r} "
-                f"(plugin {facts.plugin!r}, database {facts.database!r})"
-            )
-        )
-    elif facts.wal_status == "lost":
-        problems.append(
-            SlotInvalidated(
-                f"replication slot {slot!r} lost WAL it needed (max_slot_wal_keep_size)"
-            )
-        )
-    if not publication_exists(conn, publication):
-        problems.append(PublicationMissing(f"publication {publication!r} does not exist"))
-    elif table is not None:
-        row = conn.execute(
-            sa.text(
-                "SELECT p.pubinsert, p.pubupdate, EXISTS (SELECT 1 FROM pg_publication_tables t "
-                "WHERE t.pubname = p.pubname AND t.schemaname = COALESCE(:schema, "
-                "current_schema()) AND t.tablename = :table) FROM pg_publication p "
-                "WHERE p.pubname = :name"
-            ),
-            {"name": publication, "schema": table[0], "table": table[1]},
-        ).one()
-        missing = [what for what, ok in zip(("inserts", "updates"), row[:2], strict=True) if not ok]
-        if not row[2]:
-            missing.insert(0, f"table {table[1]!r}")
-        if missing:
-            problems.append(
-                PublicationMissing(
-                    f"publication {publication!r} does not publish {' or '.join(missing)} "
-                    "(ALTER PUBLICATION ... ADD TABLE / SET (publish = 'insert, update'))"
-                )
-            )
-    return problems
-
-
-# --------------------------------------------------------------------------- the stream
-
-
-@dataclass(frozen=True)
-class WalRow:
-    """One inserted row: its table, column name -> text value, column name -> type oid."""
-
-    schema: str
-    table: str
-    values: Mapping[str, str | None] = field(hash=False)
-    type_oids: Mapping[str, int] = field(hash=False)
-    #: ``"insert"``, or ``"update"`` (only from a publication that publishes updates;
-    #: an unchanged TOASTed column of an update is left out of ``values``).
-    op: str = "insert"
-
-    def loaded(self) -> dict[str, Any]:
-        """The values as Python objects, by type oid (:func:`~.pgoutput.load_text`)."""
-        return load_row(self.values, self.type_oids)
-
-
-@dataclass(frozen=True)
-class WalTransaction:
-    """One committed transaction: its inserts of the watched tables, in statement order.
-
-    ``end_lsn`` is the position to :meth:`WalStream.confirm` once every row
-    is safely handled. ``rows`` may be empty: the transaction changed nothing
-    watched, and confirming its ``end_lsn`` lets the slot free the WAL.
-    """
-
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    commit_time: datetime
-    rows: tuple[WalRow, ...]
-
-
-@dataclass(frozen=True)
-class StreamStart:
-    """What the server and the slot told a reader before it started replication.
-
-    ``system_id`` and ``timeline`` (``IDENTIFY_SYSTEM``) name the WAL
-    history: a crash restart keeps both, a promoted standby or a
-    point-in-time recovery starts a new timeline, another cluster has another
-    system id. ``flush_lsn`` is the server's WAL flushed so far (nothing
-    committed lies beyond it); ``slot_lsn`` the slot's confirmed position,
-    as of its last save by the server after a crash.
-    """
-
-    slot: str
-    system_id: str
-    timeline: int
-    flush_lsn: int
-    slot_lsn: int
-
 
 @dataclass
-class _Open:
+class _Receiving:
+    """A transaction being received: its BEGIN, and its rows so far."""
+
     begin: Begin
     rows: list[WalRow]
 
 
-#: Session settings of the replication connection: values are written by the
-#: server's output functions in the walsender's session, so these make them
-#: what load_text expects whatever the server's defaults.
-_SESSION = {
-    "datestyle": "ISO",
-    "timezone": "UTC",
-    "intervalstyle": "postgres",
-    "bytea_output": "hex",
-    "extra_float_digits": "3",
-}
-
 #: The longest select() wait: read_message() sends due status updates only when called.
 _MAX_WAIT = 1.0
-
-
-def replication_conninfo(
-    url: str | sa.URL,
-    *,
-    wal_sender_timeout: float | None = None,
-    connect_timeout: float = 10.0,
-    application_name: str = "outbox-wal-reader",
-) -> dict[str, str]:
-    """libpq keywords for psycopg2 from a SQLAlchemy URL (``postgresql+psycopg://...``).
-
-    The URL's query (``sslmode``, ``host`` of a socket directory...) is kept;
-    ``options`` gets the session settings the decoder relies on and, if
-    given, ``wal_sender_timeout``: how long the server keeps the slot of a
-    reader that stopped answering.
-    """
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() != "postgresql":
-        raise ConfigurationError(f"not a PostgreSQL URL: {masked_url(parsed)}")
-    args: dict[str, str] = {}
-    for key, value in parsed.query.items():
-        args[key] = value if isinstance(value, str) else ",".join(value)
-    for key, value in parsed.translate_connect_args(username="user", database="dbname").items():
-        args[key] = str(value)
-    settings = dict(_SESSION)
-    if wal_sender_timeout is not None:
-        settings["wal_sender_timeout"] = f"{max(1, round(wal_sender_timeout * 1000))}ms"
-    options = " ".join(f"-c {k}={v}" for k, v in settings.items())
-    args["options"] = f"{args['options']} {options}" if "options" in args else options
-    args["client_encoding"] = "UTF8"
-    args["connect_timeout"] = str(max(1, round(connect_timeout)))
-    args.setdefault("application_name", application_name)
-    return args
 
 
 class WalStream:
@@ -561,7 +135,7 @@ class WalStream:
         self.tables = None if tables is None else frozenset(tables)
         self.url = masked_url(url)
         self._relations: dict[int, Relation] = {}
-        self._open: _Open | None = None
+        self._open: _Receiving | None = None
         self._ready: deque[WalTransaction] = deque()
         self._received = 0  # end LSN of the last whole transaction received
         self._confirmed = 0
@@ -674,7 +248,7 @@ class WalStream:
             system_id=str(system_id),
             timeline=int(timeline),
             flush_lsn=parse_lsn(str(flushed)),
-            slot_lsn=_lsn(confirmed) or 0,
+            slot_lsn=lsn_or_none(confirmed) or 0,
         )
 
     def _start(self, start: int, status_interval: float) -> None:
@@ -779,7 +353,7 @@ class WalStream:
         if isinstance(message, Begin):
             if self._open is not None:
                 raise WalDecodeError(f"BEGIN of xid {message.xid} inside an open transaction")
-            self._open = _Open(message, [])
+            self._open = _Receiving(message, [])
         elif isinstance(message, Relation):
             self._relations[message.relid] = message
         elif isinstance(message, Insert):
@@ -808,7 +382,7 @@ class WalStream:
             )
         # Delete, Truncate, Type, Origin, messages: not what an outbox reads.
 
-    def _require_open(self, what: str) -> _Open:
+    def _require_open(self, what: str) -> _Receiving:
         if self._open is None:
             raise WalDecodeError(f"{what} outside a transaction")
         return self._open
