@@ -7,7 +7,7 @@
         "DATABASE": None,                  # alias; None: the router's choice, else "default"
         "BROKER_URL": "amqp://...",        # for `manage.py outbox relay`
         "ENCODER": "django.core.serializers.json.DjangoJSONEncoder",
-        "BATCH_SIZE": 100, "ORDERED": False, ...  # any relay setting, upper-case
+        "BATCH_SIZE": 100, "ORDERING": "partitions", ...  # any relay setting, upper-case
     }
 
 Every key is optional; an unknown one is refused by name.
@@ -26,7 +26,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from outbox_core.config import Settings
+from outbox_core.config import Settings, ordering_alias
 from outbox_core.schema import DEFAULT_TABLE, validate_identifier
 
 DEFAULT_ENCODER = "django.core.serializers.json.DjangoJSONEncoder"
@@ -82,7 +82,8 @@ def outbox_settings() -> OutboxSettings:
     raw = getattr(settings, "OUTBOX", None) or {}
     if not isinstance(raw, Mapping):
         raise ImproperlyConfigured(f"settings.OUTBOX must be a dict, not {type(raw).__name__}")
-    values = {str(k).lower(): v for k, v in raw.items()}
+    # ORDERED is the shorthand of ORDERING, as everywhere else.
+    values = ordering_alias({str(k).lower(): v for k, v in raw.items()})
     unknown = sorted(set(values) - _OWN_KEYS - RELAY_KNOBS)
     if unknown:
         accepted = ", ".join(sorted(k.upper() for k in _OWN_KEYS | RELAY_KNOBS))

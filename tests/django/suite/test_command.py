@@ -57,7 +57,7 @@ def test_settings_give_the_knobs_an_environment_variable_or_flag_overrides(
     with override_settings(OUTBOX={"BATCH_SIZE": 7, "ORDERED": True, "TABLE": "outbox"}):
         env = cli_environment(None)
         assert env["OUTBOX_BATCH_SIZE"] == "7"
-        assert env["OUTBOX_ORDERED"] == "true"
+        assert env["OUTBOX_ORDERING"] == "partitions"  # ORDERED: the shorthand
         assert env["OUTBOX_TABLE"] == "outbox"
         monkeypatch.setenv("OUTBOX_BATCH_SIZE", "50")
         assert "OUTBOX_BATCH_SIZE" not in cli_environment(None)  # the variable wins
