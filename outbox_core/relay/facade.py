@@ -30,7 +30,7 @@ from outbox_core.relay.control import Control
 from outbox_core.relay.cycle import Cycle, CycleParts
 from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.leases import Leases
-from outbox_core.relay.lifecycle import Closing
+from outbox_core.relay.lifecycle import ClosableRelay
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.pipeline import Pipeline
 from outbox_core.relay.schedule import Task, Tasks
@@ -46,7 +46,7 @@ def _relay_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class Relay(Closing):
+class Relay(ClosableRelay):
     """Moves events from the outbox table to a broker.
 
     Create it with :meth:`outbox_core.Outbox.relay`. ``run()`` blocks until

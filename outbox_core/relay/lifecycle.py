@@ -16,7 +16,7 @@ from outbox_core.brokers.base import Broker
 log = logging.getLogger("outbox.relay")
 
 
-class Closing:
+class ClosableRelay:
     """``with relay:`` closes it; :meth:`close_broker` for the relays' ``close``."""
 
     broker: Broker

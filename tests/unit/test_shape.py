@@ -17,9 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [ROOT / "outbox_core", ROOT / "dialects", ROOT / "brokers"]
-#: Lines per module and per function: guides to the shape (about 500 and 80).
-MODULE_LINES = 520
-FUNCTION_LINES = 85
+#: Lines per module and per function: what one reading holds.
+MODULE_LINES = 500
+FUNCTION_LINES = 80
 #: Underscore names that are other libraries' public API.
 FOREIGN_PUBLIC = {"KafkaError": "librdkafka's error codes are _NAMES", "parts": "namedtuple"}
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
@@ -34,11 +34,11 @@ from outbox_core.dialects.base import Dialect
 from outbox_core.dialects.base.budget import UNBOUNDED
 from outbox_core.dialects.base.partitioned import WindowRow, fold_key
 from outbox_core.message import Event
-from outbox_core.partitions import PARTITIONS, parse, partition_of
+from outbox_core.partitions import PARTITIONS, parse
 from outbox_core.relay.claims.base import ClaimLimits, Leased
 from outbox_core.relay.claims.lanes import Lanes
 from outbox_core.relay.claims.membership import Membership
-from outbox_core.relay.claims.pick import Picked, is_crowded, pick
+from outbox_core.relay.claims.pick import Picked, is_crowded, owned_by, pick
 from outbox_core.relay.connections import Connections
 
 #: Pages of the pending window one claim reads at most: keys whose earlier
@@ -373,7 +373,7 @@ class PartitionClaims:
             before = len(scan.picked.ids)
             pick(
                 window,
-                mine=_owned_by(partitions, owned),
+                mine=owned_by(partitions, owned),
                 leased=leased,
                 dead=dead,
                 limit=limit,
@@ -485,19 +485,3 @@ class PartitionClaims:
                 keep.append(event)
         self.statements.unlease(conn, give_back, token=token)
         return keep
-
-
-def _owned_by(
-    partitions: Sequence[int] | None, owned: frozenset[int]
-) -> Callable[[WindowRow], bool]:
-    """Does a row of the window belong to ``owned`` (``partitions`` None: every row does)?"""
-
-    def mine(row: WindowRow) -> bool:
-        if partitions is None:
-            return True
-        part = row.partition
-        if part is None:  # written by an earlier version
-            part = partition_of(row.key, row.event_id or "")
-        return part in owned
-
-    return mine

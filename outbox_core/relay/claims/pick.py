@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from outbox_core.dialects.base.budget import UNBOUNDED
 from outbox_core.dialects.base.partitioned import WindowRow
+from outbox_core.partitions import partition_of
 
 
 @dataclass
@@ -111,3 +112,19 @@ def is_crowded(rows: int, size: int, keys: int, limit: int) -> bool:
     """A full window of a few keys, too few to fill a quarter of the batch: their backlogs
     fill it, and keys past it wait unless a claim looks past them."""
     return rows >= size and 4 * keys <= limit
+
+
+def owned_by(
+    partitions: Sequence[int] | None, owned: frozenset[int]
+) -> Callable[[WindowRow], bool]:
+    """Does a row of the window belong to ``owned`` (``partitions`` None: every row does)?"""
+
+    def mine(row: WindowRow) -> bool:
+        if partitions is None:
+            return True
+        part = row.partition
+        if part is None:  # written by an earlier version
+            part = partition_of(row.key, row.event_id or "")
+        return part in owned
+
+    return mine

@@ -31,7 +31,7 @@ from outbox_core.errors import DatabaseError
 from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.control import Control
 from outbox_core.relay.delivery import Delivery
-from outbox_core.relay.lifecycle import Closing
+from outbox_core.relay.lifecycle import ClosableRelay
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.schedule import Every
 from outbox_core.relay.signals import stop_on_signals
@@ -54,7 +54,7 @@ READ_WAIT = 0.5
 IDLE_CONFIRM = 1.0
 
 
-class TailingRelay(Closing):
+class TailingRelay(ClosableRelay):
     """Publishes the outbox table's inserts read from a database's log (a :class:`LogSource`).
 
     Same brokers, outcomes, :class:`Delivery` and :class:`Breaker` as the
