@@ -2,9 +2,10 @@
 
 A median hides a drain that ran many times slower than the others. This runs
 the ordered drain of ``bench/drain.py`` (``Relay.run()`` in ordered mode to
-the memory broker, on a fresh table filled with the same N events and
+a broker that answers ok, on a fresh table filled with the same N events and
 analyzed) ``--repeat`` times, and before or after each (alternating) the
-ceiling: the bare lease loop of ``bench/bare_lease.py`` on a minimal table.
+ceiling: the bare lease loop of ``bench/bare_lease.py`` on a minimal table,
+on the raw DB-API driver.
 Each drain line shows its rate, its ratio to that ceiling, and how long its
 claims took (``RelayObserver.claimed``: median and slowest), so a slow drain
 shows whether its claims were slow or whether it waited between them. The

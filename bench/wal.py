@@ -29,7 +29,7 @@ tables print the medians of the rounds.
 4. Ceiling: a bare psycopg2 ``LogicalReplicationConnection`` reader
    (``decode=False``, counting Insert messages and sending feedback,
    nothing else) next to the WAL relay; the bare lease loop of
-   ``bench/bare_lease.py`` next to the polling relay.
+   ``bench/bare_lease.py`` (on the raw psycopg driver) next to the polling relay.
 5. Client choice: the read rate of a slot holding the N inserts through
    psycopg2's streaming connection (bare, and decoding every message with
    ``pgoutput.decode_message``), the project's ``WalStream``, psycopg 3 at
@@ -413,7 +413,7 @@ class Bench:
         return self.events / (broker.done_at - started)
 
     def bare_lease(self) -> float:
-        """bench/bare_lease.py's loop: claim then fenced mark on a minimal table."""
+        """bench/bare_lease.py's loop on the raw driver: claim then fenced mark, a minimal table."""
         payload = json.dumps(PAYLOAD).encode()
         probe = Outbox(self.url, table="bench_wal_probe")
         try:
@@ -927,7 +927,7 @@ def report(bench: Bench, args: argparse.Namespace, drains: Sequence[tuple[str, b
     wal_rate = med([d.rate for d in results[drain_name("wal", False)]])
     print(f"{'bare psycopg2 stream reader (best)':<40} {stream:>9.0f}")
     print(f"{'WAL relay (no-op broker)':<40} {wal_rate:>9.0f} {wal_rate / stream:>14.2f}")
-    print(f"{'bare lease loop (bench/bare_lease.py)':<40} {lease:>9.0f}")
+    print(f"{'bare lease loop, raw driver (bare_lease)':<40} {lease:>9.0f}")
     for kind in ("unordered", "ordered"):
         rate = med([d.rate for d in results[drain_name(kind, False)]])
         print(f"{drain_name(kind, False):<40} {rate:>9.0f} {rate / lease:>14.2f}")
