@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -59,7 +60,8 @@ class ReturningDialect(Dialect):
         """
         with self.transaction(conn):
             rows = conn.execute(stmt, params).all()
-        events = sorted((self.to_event(r, token) for r in rows), key=lambda e: e.id)
+        to_event = self.to_event
+        events = [to_event(r, token) for r in sorted(rows, key=itemgetter(0))]
         return Claimed(events, sum(int(r[-1] or 0) for r in rows) if sized else 0)
 
     def claim(

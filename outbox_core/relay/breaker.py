@@ -81,6 +81,11 @@ class Breaker:
 
     def note(self, outcomes: Sequence[Outcome | None]) -> None:
         """An ``unavailable`` outcome opens the breaker: stop claiming, probe with backoff."""
+        if outcomes and outcomes.count(Outcome.ok()) == len(outcomes):
+            # The usual answer, told without a Python step per event.
+            if self._waits.failures:
+                self._waits.reset()  # a batch went through: the next outage starts over
+            return
         error = next((o.error for o in outcomes if o is not None and o.is_unavailable), None)
         if error is None:
             if self._waits.failures and any(o is not None for o in outcomes):

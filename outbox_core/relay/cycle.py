@@ -127,8 +127,11 @@ class Cycle:
     def published(self, claim: Claim, outcomes: Sequence[Outcome | None]) -> None:
         """The broker answered for ``claim``: the claimer hears which events it took
         (ordered by key partitions, their keys go on before the settle)."""
-        answers = zip(claim.events, outcomes, strict=True)
-        ok = [e.id for e, o in answers if o is not None and o.is_ok]
+        if settle.all_ok(outcomes, len(claim.events)):
+            ok = [e.id for e in claim.events]
+        else:
+            answers = zip(claim.events, outcomes, strict=True)
+            ok = [e.id for e, o in answers if o is not None and o.is_ok]
         self.claimer.published(claim.token, ok, all_taken=len(ok) == len(claim.events))
 
     def settle(
