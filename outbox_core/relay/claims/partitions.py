@@ -35,7 +35,7 @@ from outbox_core.dialects.base.budget import UNBOUNDED
 from outbox_core.dialects.base.partitioned import WindowRow, fold_key
 from outbox_core.message import Event
 from outbox_core.partitions import PARTITIONS, parse
-from outbox_core.relay.claims.base import ClaimLimits, Leased
+from outbox_core.relay.claims.base import ClaimLimits, Leased, filled
 from outbox_core.relay.claims.lanes import Lanes
 from outbox_core.relay.claims.membership import Membership
 from outbox_core.relay.claims.pick import Picked, is_crowded, owned_by, pick
@@ -123,7 +123,7 @@ class PartitionClaims:
         """
         self.membership.tick()
         events, more = self.connections.call("claim", self.claim_on, token=token)
-        return Leased(events, more)
+        return Leased(events, more or filled(events, self.limits))
 
     def owned(self, share: str) -> frozenset[int]:
         """The partitions of ``share`` (parsed once per share)."""
