@@ -27,6 +27,8 @@ Metrics (Prometheus naming conventions):
 ``outbox_database_up``                         gauge      1 while the relay reaches the database
 ``outbox_events_given_back_total``             counter    unspent: the broker was unavailable
 ``outbox_partitions_owned``                    gauge      partitioned ordering: this relay's share
+``outbox_partitions_unowned``                  gauge      partitions in no live relay's share
+                                                          (membership table, scrape time)
 ``outbox_partition_changes_total``             counter    times this relay's share changed
 ``outbox_partition_oldest_pending_seconds``    gauge      oldest pending event of its partitions
 ``outbox_wal_lag_bytes``                       gauge      log tailing: WAL since the slot's
@@ -51,13 +53,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
+from outbox_core.dialects.base.partitioned import Member
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.message import CycleResult, Event, Failure, Outcome, OutcomeKind
 from outbox_core.partitions import PARTITIONS, parse
@@ -260,14 +263,15 @@ class BacklogCollector:
 
 
 class PartitionCollector:
-    """Partitioned ordering: the relay's share, its changes, its oldest pending event."""
+    """Partitioned ordering: the relay's share, its changes, the partitions nobody owns, and
+    the oldest pending event of its share."""
 
     def __init__(self, relay: Relay, membership: Membership) -> None:
         self.relay = relay
         self.membership = membership
 
     def collect(self) -> Iterator[Metric]:
-        """Yield the partition gauges (the oldest pending age only when the database answers)."""
+        """Yield the partition gauges (those read from the database only when it answers)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         owned = parse(self.membership.share)
@@ -279,20 +283,42 @@ class PartitionCollector:
             "Times this relay's share of the partitions changed (joins, leaves, stale relays).",
             self.membership.share_changes,
         )
-        if not owned:
-            return
         partitions = None if len(owned) == PARTITIONS else list(owned)
+        statements = self.relay.dialect.partitions
+        age = None
         try:
             with self.relay.engine.connect() as conn:
-                age = self.relay.dialect.partitions.oldest_pending(conn, partitions)
+                members = statements.members(conn)
+                if owned:
+                    age = statements.oldest_pending(conn, partitions)
         except sa.exc.SQLAlchemyError as exc:
             log.warning("partition gauges unavailable: %s", redact(str(exc)))
             return
         yield GaugeMetricFamily(
-            "outbox_partition_oldest_pending_seconds",
-            "Age of the oldest pending event in this relay's partitions.",
-            age or 0.0,
+            "outbox_partitions_unowned",
+            "Key partitions in no live ordered relay's share (membership table): their keys "
+            "wait until a rebalance gives them to a relay.",
+            unowned_partitions(members, self.membership.stale_after),
         )
+        if owned:
+            yield GaugeMetricFamily(
+                "outbox_partition_oldest_pending_seconds",
+                "Age of the oldest pending event in this relay's partitions.",
+                age or 0.0,
+            )
+
+
+def unowned_partitions(members: Iterable[Member], stale_after: float) -> int:
+    """Partitions in the share of no live member (heartbeat within ``stale_after``).
+
+    A stale member's share counts as unowned: it is about to move, and until
+    a live relay's rebalance moves it nobody is known to claim its keys.
+    """
+    owned: set[int] = set()
+    for member in members:
+        if member.age <= stale_after:
+            owned.update(parse(member.partitions))
+    return PARTITIONS - len(owned)
 
 
 class WalCollector:

@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import importlib
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Generator, Iterator
@@ -93,6 +94,29 @@ def require_optional_driver(driver: str) -> None:
             f"pkg-config, then pip install -e '.[{driver}]'); .ci/run installs it after "
             "the README's commands and runs these tests (-m optional_driver)"
         )
+
+
+#: Programs from Debian's packages that ``.ci/run`` installs after the README's
+#: commands (a new user's machine has neither): headless Chromium for the
+#: dashboard's browser tests, promtool (package ``prometheus``) for the alert
+#: rules. Their tests carry the ``system_tool`` mark and skip, saying why, where
+#: the program is missing; ``.ci/run`` runs ``-m system_tool`` with
+#: OUTBOX_TEST_SYSTEM_TOOLS=1, where a missing one fails.
+SYSTEM_TOOLS = {"chromium": "chromium", "promtool": "prometheus"}
+
+
+def require_system_tool(program: str) -> str:
+    """The path of ``program``; skip (or, with OUTBOX_TEST_SYSTEM_TOOLS=1, fail) when missing."""
+    found = shutil.which(program)
+    if found:
+        return found
+    package = SYSTEM_TOOLS[program]
+    if os.environ.get("OUTBOX_TEST_SYSTEM_TOOLS") == "1":
+        pytest.fail(f"{program} must be installed in this run (apt-get install {package})")
+    pytest.skip(
+        f"{program} is not installed: apt-get install {package}; .ci/run installs it after "
+        "the README's commands and runs these tests (-m system_tool)"
+    )
 
 
 def server_url(backend: str, workdir: Path | None = None) -> str | None:
