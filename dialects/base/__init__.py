@@ -8,18 +8,20 @@
   server-side limits), ``storage`` (what a database can store), ``enqueue``
   (the producer's statements and wake-ups), ``inbox`` (the idempotent
   consumer's statements), ``reading`` (named reads for status, the doctor and
-  migrate), ``ordered`` (the walk over keys of ordered claims),
-  ``partitioned`` (the membership table and partitioned claims), ``settle``
-  (the token-fenced settling writes);
+  migrate), ``console`` (the dashboard's reads), ``ordered`` (the walk over
+  keys of ordered claims), ``partitioned`` (the membership table and
+  partitioned claims), ``settle`` (the token-fenced settling writes);
 * ``primitives``: :class:`SqlPrimitives`, the operations of a dialect its
   parts build their statements on;
 * ``companions``: a family's ``provision`` (test servers) and ``doctor`` modules;
-* ``values``: shared values (ServerInfo, SessionLimits, table summaries);
+* ``values``: shared values (ServerInfo, SessionLimits, table summaries, the
+  dashboard's rows);
 * ``names`` and ``registry``: backend name -> dialect class.
 """
 
 from __future__ import annotations
 
+from outbox_core.dialects.base.console import ConsoleReads
 from outbox_core.dialects.base.dialect import Dialect, Parts
 from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
@@ -41,8 +43,12 @@ from outbox_core.dialects.base.values import (
     MAX_ERROR,
     Activity,
     Backlog,
+    EventRow,
+    FlowBucket,
+    HeldKey,
     Listener,
     LiveLeases,
+    Overview,
     ServerInfo,
     SessionLimits,
     chunked,
@@ -55,12 +61,17 @@ __all__ = [
     "REGISTRY",
     "Activity",
     "Backlog",
+    "ConsoleReads",
     "Dialect",
     "EnqueueStatements",
+    "EventRow",
+    "FlowBucket",
+    "HeldKey",
     "InboxStatements",
     "KeyWalk",
     "Listener",
     "LiveLeases",
+    "Overview",
     "PartitionStatements",
     "Parts",
     "ReturningDialect",

@@ -16,9 +16,10 @@ of, each a class a family subclasses where it differs (:class:`Parts`):
 database can store), ``enqueue`` (the producer's statements and wake-ups),
 ``inbox`` (the idempotent consumer's statements), ``reads`` (named reads for
 status, the doctor and migrate), ``keys`` (the ordered claim's walk over
-keys), ``partitions`` (the membership table and partitioned ordered claims)
-and ``settle`` (the settling writes above). The statement-building parts
-receive the few operations of the dialect they build on
+keys), ``partitions`` (the membership table and partitioned ordered claims),
+``console`` (the dashboard's reads) and ``settle`` (the settling writes
+above). The statement-building parts receive the few operations of the
+dialect they build on
 (:class:`~outbox_core.dialects.base.primitives.SqlPrimitives`), not the
 dialect. Test provisioning and doctor checks sit beside each family's
 dialect, in its ``provision`` and ``doctor`` modules.
@@ -36,6 +37,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from outbox_core.dialects.base.console import ConsoleReads
 from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
 from outbox_core.dialects.base.ordered import KeyWalk
@@ -62,6 +64,7 @@ class Parts:
     keys: type[KeyWalk] = KeyWalk
     partitions: type[PartitionStatements] = PartitionStatements
     settle: type[SettleStatements] = SettleStatements
+    console: type[ConsoleReads] = ConsoleReads
 
 
 class Dialect(ABC):
@@ -103,6 +106,7 @@ class Dialect(ABC):
         # An ordered claim with runs leases its rows as a partitioned claim does.
         self.keys = parts.keys(sql, self.partitions.lease)
         self.settle = parts.settle(sql)
+        self.console = parts.console(sql)
         self._claims: dict[tuple[int, float, bool], sa.Executable] = {}
 
     def primitives(self) -> SqlPrimitives:
@@ -421,14 +425,18 @@ class Dialect(ABC):
         # relay must not stall the others' maintenance).
         pick = self.lock_rows(sa.select(t.c.id).where(old_sent).order_by(t.c.id).limit(batch))
         with self.transaction(conn):
-            ids = list(conn.execute(pick).scalars())
-            # Deleted by id in chunks a statement can bind (SQL Server: 2,100 parameters).
-            return sum(
-                conn.execute(
-                    sa.delete(t).where(self.id_in(chunk), in_state(t.c.state, State.SENT))
-                ).rowcount
-                for chunk in chunked(ids, self.max_batch)
-            )
+            return self.delete_picked(conn, list(conn.execute(pick).scalars()))
+
+    def delete_picked(self, conn: Connection, ids: Sequence[int]) -> int:
+        """Delete the sent rows ``ids`` that this transaction has locked (cleanup's second step)."""
+        t = self.table
+        # By id in chunks a statement can bind (SQL Server: 2,100 parameters).
+        return sum(
+            conn.execute(
+                sa.delete(t).where(self.id_in(chunk), in_state(t.c.state, State.SENT))
+            ).rowcount
+            for chunk in chunked(ids, self.max_batch)
+        )
 
     def replay(
         self,

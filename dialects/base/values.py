@@ -1,4 +1,5 @@
-"""Values and constants the dialects share: server identity, table summaries, session limits."""
+"""Values and constants the dialects share: server identity, table summaries, the
+dashboard's reads, session limits."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from outbox_core.message import State
 
@@ -95,6 +96,75 @@ class LiveLeases:
     count: int
     until: datetime | None
     tokens: list[str]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The dashboard's summary of the table, from :meth:`ConsoleReads.overview`.
+
+    Times are the database's, as aware UTC datetimes.
+    """
+
+    #: The database's clock when the overview was read.
+    now: datetime
+    pending: int
+    leased: int
+    dead: int
+    #: ``created_at`` of the lowest pending id (None: nothing pending).
+    oldest_pending_created: datetime | None
+    oldest_pending_id: int | None
+    #: The highest id in the table (None: the table is empty).
+    newest_id: int | None
+
+
+@dataclass(frozen=True)
+class FlowBucket:
+    """Rows created and sent in one span of time, from :meth:`ConsoleReads.flow`."""
+
+    #: The bucket's start (the database's clock, aware UTC).
+    start: datetime
+    #: Rows whose ``created_at`` is in ``[start, start + bucket)``.
+    created: int
+    #: Rows whose ``sent_at`` is in ``[start, start + bucket)``.
+    sent: int
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One row of the outbox table as the dashboard shows it (times: aware UTC).
+
+    ``payload`` and ``headers`` are None in lists; only
+    :meth:`ConsoleReads.event` loads them.
+    """
+
+    id: int
+    event_id: str
+    topic: str
+    key: str | None
+    state: int
+    attempts: int
+    created_at: datetime
+    available_at: datetime
+    sent_at: datetime | None
+    lease_until: datetime | None
+    key_partition: int | None
+    last_error: str | None
+    payload: Any | None = None
+    headers: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """A key whose lowest unsent event is dead, holding pending events back."""
+
+    key: str
+    #: The dead head's id: the lowest dead id of the key.
+    dead_id: int
+    dead_error: str | None
+    #: Pending events of the key with a higher id (held behind the dead head).
+    waiting: int
+    #: ``created_at`` of the first of them (aware UTC).
+    oldest_waiting_created: datetime | None
 
 
 @dataclass(frozen=True)

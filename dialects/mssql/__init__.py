@@ -75,6 +75,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import KeyWalk, Parts, ReturningDialect, ServerInfo
 from outbox_core.dialects.base.budget import SIZE, Claimed, budget_param, bytes_before
+from outbox_core.dialects.mssql.console import MssqlConsole
 from outbox_core.dialects.mssql.inbox import MssqlInbox
 from outbox_core.dialects.mssql.partitioned import MssqlPartitions
 from outbox_core.dialects.mssql.session import FILTERED_INDEX_OPTIONS, MssqlSession
@@ -120,6 +121,7 @@ class MssqlDialect(ReturningDialect):
         inbox=MssqlInbox,
         keys=MssqlKeyWalk,
         partitions=MssqlPartitions,
+        console=MssqlConsole,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:

@@ -9,6 +9,7 @@ attempt counted in Python.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -20,6 +21,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from outbox_core.dialects.base import Dialect, KeyWalk, Parts, ServerInfo, version_prefix
 from outbox_core.dialects.base.budget import SIZE, UNBOUNDED, Claimed, take_within
+from outbox_core.dialects.mysql.console import MysqlConsole
 from outbox_core.dialects.mysql.inbox import MysqlInbox
 from outbox_core.dialects.mysql.partitioned import MysqlPartitions
 from outbox_core.dialects.mysql.session import MysqlSession, is_mariadb
@@ -64,6 +66,7 @@ class MysqlDialect(Dialect):
         inbox=MysqlInbox,
         keys=MysqlKeyWalk,
         partitions=MysqlPartitions,
+        console=MysqlConsole,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:
@@ -94,6 +97,18 @@ class MysqlDialect(Dialect):
         dialect = conn.dialect
         version = tuple(v for v in (dialect.server_version_info or (0,)) if isinstance(v, int))
         check_version(is_mariadb(conn), version)
+
+    def delete_picked(self, conn: Connection, ids: Sequence[int]) -> int:
+        """One primary-key DELETE per id, never ``id IN (...)``.
+
+        On a small table InnoDB plans an IN list as a full scan, and a DELETE's
+        scan waits on every row another session holds (a frozen relay's
+        cleanup batch) instead of passing by: cleanup would stall behind it.
+        The picked rows are this transaction's, locked and still sent.
+        """
+        t = self.table
+        one = sa.delete(t).where(t.c.id == sa.bindparam("o_id", type_=t.c.id.type))
+        return sum(conn.execute(one, {"o_id": i}).rowcount for i in ids)
 
     def lock_rows(self, select: sa.Select[Any]) -> sa.Select[Any]:
         """``FOR UPDATE SKIP LOCKED``: lock the picked rows, skip rows other claims hold."""

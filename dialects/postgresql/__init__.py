@@ -25,6 +25,7 @@ from outbox_core.dialects.base import (
     version_prefix,
 )
 from outbox_core.dialects.base.budget import SIZE, budget_param, within_budget
+from outbox_core.dialects.postgresql.console import PostgresqlConsole
 from outbox_core.dialects.postgresql.enqueue import PostgresqlEnqueue
 from outbox_core.dialects.postgresql.inbox import PostgresqlInbox
 from outbox_core.dialects.postgresql.partitioned import PostgresqlPartitions
@@ -93,6 +94,7 @@ class PostgresqlDialect(ReturningDialect):
         inbox=PostgresqlInbox,
         keys=PostgresqlKeyWalk,
         partitions=PostgresqlPartitions,
+        console=PostgresqlConsole,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Parts, ReturningDialect, ServerInfo
 from outbox_core.dialects.base.budget import SIZE, budget_param, within_budget
+from outbox_core.dialects.sqlite.console import SqliteConsole
 from outbox_core.dialects.sqlite.inbox import SqliteInbox
 from outbox_core.dialects.sqlite.session import SqliteSession
 from outbox_core.dialects.sqlite.storage import SqliteStorage
@@ -37,7 +38,9 @@ class SqliteDialect(ReturningDialect):
         "until its process dies"
     )
     app_clock: ClassVar[bool] = True
-    parts: ClassVar[Parts] = Parts(session=SqliteSession, storage=SqliteStorage, inbox=SqliteInbox)
+    parts: ClassVar[Parts] = Parts(
+        session=SqliteSession, storage=SqliteStorage, inbox=SqliteInbox, console=SqliteConsole
+    )
 
     def now(self) -> sa.ColumnElement[datetime]:
         """The application's UTC clock, bound as a parameter."""

@@ -163,6 +163,33 @@ def test_reap_and_cleanup_skip_rows_another_session_holds(outbox: Outbox, backen
     assert [r.state for r in rows(outbox)] == [State.PENDING] * 3
 
 
+@pytest.mark.needs_server
+def test_cleanup_passes_a_frozen_cleanups_batch(outbox: Outbox, backend: str) -> None:
+    """A relay frozen inside its cleanup holds a batch of sent rows; another relay's cleanup
+    deletes the next batch without waiting (MariaDB plans a long ``id IN (...)`` DELETE on a
+    small table as a scan, which would wait on every held row)."""
+    if not outbox.dialect.row_locks:
+        pytest.skip("SQLite has no row locks: writers take turns")
+    enqueue_many(outbox, 100)
+    d = outbox.dialect
+    t = outbox.table
+    with outbox.engine.begin() as conn:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.id <= sa.select(sa.func.min(t.c.id)).scalar_subquery() + 59)
+            .values(state=int(State.SENT), sent_at=d.after(-3600))
+        )
+    with connection(outbox) as frozen, connection(outbox) as other:
+        set_lock_timeout(other, backend, 20)  # a wait shows as a slow call, not an error
+        frozen.begin()
+        assert d.cleanup(frozen, older_than=60, batch=30) == 30  # held, not committed
+        started = time.monotonic()
+        assert d.cleanup(other, older_than=60, batch=30) == 30
+        assert time.monotonic() - started < 5, "cleanup waited on a frozen cleanup's rows"
+        frozen.rollback()
+    assert len(rows(outbox)) == 70
+
+
 def _session_value(conn: sa.Connection, backend: str, name: str) -> Any:
     if backend == "postgresql":
         return conn.execute(sa.select(sa.func.current_setting(name))).scalar_one()
