@@ -106,8 +106,9 @@ class Settings:
     #: unsent before it: no membership, but slower, more so with many keys). Events
     #: without a key are not ordered. ``ordered = true`` is read as ``partitions``.
     ordering: Literal["none", "partitions", "heads"] = "none"
-    #: Partitioned ordering: how often each relay writes its heartbeat, in seconds
-    #: (or ``2s``).
+    #: How often each relay writes its heartbeat, in seconds (or ``2s``): its row of
+    #: the presence table (the dashboard, ``outbox status``) and, with partitioned
+    #: ordering, of the membership table.
     heartbeat: float = 2.0
     #: Partitioned ordering: a relay whose heartbeat is older than this (seconds, or ``10s``)
     #: is stale and its partitions move to the others. At least twice ``heartbeat`` plus

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.config import DEFAULT_MAX_PAYLOAD, Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
+from outbox_core.dialects.base.presence import PresenceRow
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.jsoncheck import JsonDefault
@@ -79,6 +80,8 @@ class Status:
     broker: dict[str, Any] | None = None
     #: Ordered relays by key partitions: each one's share and heartbeat age.
     relays: list[RelayShare] = field(default_factory=list)
+    #: Every running relay, whatever its mode (the presence table): newest first.
+    fleet: list[PresenceRow] = field(default_factory=list)
     #: ``--source wal``: the slot, its lag and its relay's report (``SlotStatus`` as a dict).
     log_tailing: dict[str, Any] | None = None
 
@@ -370,12 +373,8 @@ class Outbox:
             counts = self.dialect.reads.state_counts(conn)
             activity = self.dialect.reads.activity(conn)
             dead_rows = self.dialect.reads.dead_by_topic(conn)
-            relays = self.tables.relays
-            members = (
-                self.dialect.partitions.members(conn)
-                if sa.inspect(conn).has_table(relays.name, schema=relays.schema)
-                else []
-            )
+            relays = self._relay_shares(conn)
+            fleet = self._fleet(conn)
         now, oldest, last_sent = (
             activity.now,
             activity.oldest_pending_created,
@@ -394,18 +393,48 @@ class Outbox:
             created_last_minute=activity.created_last_minute,
             sent_last_minute=activity.sent_last_minute,
             last_sent_age=since_sent,
-            relays=[
-                RelayShare(
-                    m.relay_id,
-                    m.host,
-                    m.partitions or "-",
-                    len(parse(m.partitions)),
-                    max(0.0, m.age),
-                    m.epoch,
-                )
-                for m in members
-            ],
+            relays=relays,
+            fleet=fleet,
         )
+
+    def relays(self) -> list[RelayShare]:
+        """The ordered relays in the membership table: each one's share and heartbeat age."""
+        with translate_errors("status"), self.engine.connect() as conn:
+            return self._relay_shares(conn)
+
+    def _relay_shares(self, conn: Connection) -> list[RelayShare]:
+        relays = self.tables.relays
+        if not sa.inspect(conn).has_table(relays.name, schema=relays.schema):
+            return []  # no ordered relay has run here
+        return [
+            RelayShare(
+                m.relay_id,
+                m.host,
+                m.partitions or "-",
+                len(parse(m.partitions)),
+                max(0.0, m.age),
+                m.epoch,
+            )
+            for m in self.dialect.partitions.members(conn)
+        ]
+
+    def fleet(self) -> list[PresenceRow]:
+        """Every running relay, whatever its mode: its row in the presence table.
+
+        Each :class:`~outbox_core.dialects.base.presence.PresenceRow` has the
+        relay's id, host, pid and mode (``none``, ``partitions``, ``heads`` or
+        ``wal``), its uptime and heartbeat age (seconds, on the database's
+        clock) and what it published and made dead since it started and
+        published in the last minute; the newest relay first. A killed relay's
+        row stays, its heartbeat aging, until a relay removes it (an hour).
+        Empty when the table is missing (``outbox install`` adds it).
+        """
+        with translate_errors("status"), self.engine.connect() as conn:
+            return self._fleet(conn)
+
+    def _fleet(self, conn: Connection) -> list[PresenceRow]:
+        presence = self.dialect.presence
+        return presence.fleet(conn) if presence.installed(conn) else []
 
     def cleanup(
         self, *, older_than: float, batch: int = 1000, max_batches: int | None = None

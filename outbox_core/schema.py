@@ -255,6 +255,34 @@ def _build_relays(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Ta
     )
 
 
+def _build_presence(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Table:
+    """Every running relay, whatever its mode: who, where, since when and how busy.
+
+    One row per relay, written by that relay alone every few seconds on the
+    database's clock (``relay_id`` is the membership table's id for an
+    ordered relay by key partitions, so the two join), deleted when it stops
+    cleanly; a row left by a killed relay ages until another relay removes it.
+    """
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("relay_id", sa.String(64), primary_key=True),
+        sa.Column("host", sa.Unicode(255), nullable=False),
+        sa.Column("pid", sa.Integer(), nullable=False),
+        # none, partitions, heads (the polling relay's ordering) or wal (log tailing).
+        sa.Column("mode", sa.String(16), nullable=False),
+        sa.Column("started_at", _timestamp(), nullable=False),
+        sa.Column("heartbeat_at", _timestamp(), nullable=False),
+        # Since the relay started: events the broker accepted, events made dead.
+        sa.Column("published", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        sa.Column("dead", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        sa.Column(
+            "published_last_minute", sa.Integer(), nullable=False, server_default=sa.text("0")
+        ),
+        schema=schema,
+    )
+
+
 def missing_columns(table: sa.Table, present: set[str]) -> list[sa.Column[Any]]:
     """Columns of ``table`` a table created by an earlier version lacks (all nullable)."""
     return [c for c in table.columns if c.name.lower() not in present and c.nullable]
@@ -262,16 +290,19 @@ def missing_columns(table: sa.Table, present: set[str]) -> list[sa.Column[Any]]:
 
 @dataclass(frozen=True)
 class OutboxTables:
-    """The outbox table and its inbox table, under validated names.
+    """The outbox table and its companions, under validated names.
 
-    ``OutboxTables("events", schema="app")`` defines ``app.events`` and
-    ``app.events_inbox`` in its own :class:`~sqlalchemy.MetaData`.
+    ``OutboxTables.create("events", schema="app")`` defines ``app.events``,
+    ``app.events_inbox`` (the inbox), ``app.events_relays`` (the membership of
+    ordered relays) and ``app.events_presence`` (every running relay) in its
+    own :class:`~sqlalchemy.MetaData`.
     """
 
     metadata: sa.MetaData
     outbox: sa.Table
     inbox: sa.Table
     relays: sa.Table
+    presence: sa.Table
 
     @classmethod
     def create(
@@ -289,12 +320,13 @@ class OutboxTables:
         _add_work_indexes(outbox)
         inbox = _build_inbox(md, f"{table}_inbox", schema)
         relays = _build_relays(md, f"{table}_relays", schema)
-        return cls(md, outbox, inbox, relays)
+        presence = _build_presence(md, f"{table}_presence", schema)
+        return cls(md, outbox, inbox, relays, presence)
 
     @property
     def all(self) -> list[sa.Table]:
-        """The three tables, in the order they are created."""
-        return [self.outbox, self.inbox, self.relays]
+        """The four tables, in the order they are created."""
+        return [self.outbox, self.inbox, self.relays, self.presence]
 
     def create_all(self, bind: sa.Connection | sa.Engine) -> None:
         """Create the tables, their columns and their indexes where they are missing.

@@ -17,7 +17,7 @@ database can store), ``enqueue`` (the producer's statements and wake-ups),
 ``inbox`` (the idempotent consumer's statements), ``reads`` (named reads for
 status, the doctor and migrate), ``keys`` (the ordered claim's walk over
 keys), ``partitions`` (the membership table and partitioned ordered claims),
-``console`` (the dashboard's reads) and ``settle`` (the settling writes
+``presence`` (a row per running relay) and ``settle`` (the settling writes
 above). The statement-building parts receive the few operations of the
 dialect they build on
 (:class:`~outbox_core.dialects.base.primitives.SqlPrimitives`), not the
@@ -42,6 +42,7 @@ from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
 from outbox_core.dialects.base.ordered import KeyWalk
 from outbox_core.dialects.base.partitioned import PartitionStatements
+from outbox_core.dialects.base.presence import PresenceStatements
 from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.reading import TableReads
 from outbox_core.dialects.base.session import SessionSetup
@@ -65,6 +66,7 @@ class Parts:
     partitions: type[PartitionStatements] = PartitionStatements
     settle: type[SettleStatements] = SettleStatements
     console: type[ConsoleReads] = ConsoleReads
+    presence: type[PresenceStatements] = PresenceStatements
 
 
 class Dialect(ABC):
@@ -107,6 +109,7 @@ class Dialect(ABC):
         self.keys = parts.keys(sql, self.partitions.lease)
         self.settle = parts.settle(sql)
         self.console = parts.console(sql)
+        self.presence = parts.presence(sql)
         self._claims: dict[tuple[int, float, bool], sa.Executable] = {}
 
     def primitives(self) -> SqlPrimitives:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import click
 
 from outbox_core.cli import admin, demo, relay
+from outbox_core.cli.dashboard import dashboard
 from outbox_core.cli.doctor import doctor_command
 from outbox_core.cli.logs import JsonFormatter, RedactingFilter, setup_logging
 from outbox_core.cli.migrate import migrate_command
@@ -59,5 +60,6 @@ for _command in (
     migrate_command,
     verify_command,
     matrix_command,
+    dashboard,
 ):
     main.add_command(_command)

@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 @click.option(
     "--heartbeat",
     type=SettingValue("heartbeat", "duration"),
-    help="Partitions: heartbeat interval, e.g. 2s.",
+    help="Heartbeat interval (presence, partitions), e.g. 2s.",
 )
 @click.option(
     "--stale-after",

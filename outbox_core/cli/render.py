@@ -93,6 +93,16 @@ def render_status(status: Status) -> str:
         lines.append(f"last sent: {format_age(status.last_sent_age)} ago")
     if status.broker is not None:
         lines.append(broker_line(status.broker))
+    if status.fleet:
+        lines.append("")
+        lines.append("relays:")
+        for p in status.fleet:
+            lines.append(
+                f"  {p.relay_id:<40} {p.mode:<10} heartbeat {format_age(p.heartbeat_age)} ago, "
+                f"up {format_age(p.uptime)}, {p.published} published "
+                f"({p.published_last_minute} last minute), {p.dead} dead, "
+                f"on {p.host} pid {p.pid}"
+            )
     if status.relays:
         lines.append("")
         lines.append("ordered relays (key partitions):")

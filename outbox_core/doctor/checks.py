@@ -164,6 +164,15 @@ def _check_tables(ctx: DoctorContext) -> Iterable[Finding]:
             "relays cannot start until it does",
             fix=f"{ctx.install_command()}  (creates only what is missing)",
         )
+    presence = ctx.outbox.tables.presence
+    if not inspector.has_table(presence.name, schema=presence.schema):
+        yield Finding(
+            "tables",
+            Severity.WARNING,
+            f"the presence table {presence.fullname} does not exist: relays run, but the "
+            "dashboard and outbox status cannot list them",
+            fix=f"{ctx.install_command()}  (creates only what is missing)",
+        )
     if "inbox" in ctx.present:
         yield from _inbox_primary_key(ctx, inspector)
     if ctx.present == {"outbox", "inbox"}:

@@ -3,7 +3,8 @@
 What one cycle does is :mod:`~outbox_core.relay.cycle`'s; how ``run()``
 overlaps cycles is :mod:`~outbox_core.relay.pipeline`'s; the claim strategy
 is :mod:`~outbox_core.relay.claims`'; the side tasks (maintenance,
-heartbeats, LISTEN) are :mod:`~outbox_core.relay.background`'s.
+heartbeats, LISTEN) are :mod:`~outbox_core.relay.background`'s, and the
+relay's row in the presence table :mod:`~outbox_core.relay.presence`'s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from outbox_core.relay.leases import Leases
 from outbox_core.relay.lifecycle import ClosableRelay
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.pipeline import Pipeline
+from outbox_core.relay.presence import Presence, unique_id
 from outbox_core.relay.schedule import Task, Tasks
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
@@ -71,6 +73,9 @@ class Relay(ClosableRelay):
         self.broker = broker
         self.settings = settings
         self.name = name or _relay_id()
+        #: This relay's id in the presence table and (ordered by key partitions) the
+        #: membership table: unique per Relay object, whatever --name says.
+        self.relay_id = unique_id(self.name)
         retry = retry_policy or RetryPolicy(
             max_attempts=settings.max_attempts,
             base=settings.backoff_base,
@@ -93,10 +98,8 @@ class Relay(ClosableRelay):
         #: Ordered by key partitions: this relay's row among the ordered relays.
         self.membership: Membership | None = None
         if settings.ordering == "partitions":
-            # Unique per Relay object, whatever --name says: two relays sharing
-            # a row would share a share.
             self.membership = Membership(
-                f"{self.name[:50]}:{uuid.uuid4().hex[:8]}",
+                self.relay_id,
                 dialect,
                 self.connections,
                 heartbeat=settings.heartbeat,
@@ -111,6 +114,8 @@ class Relay(ClosableRelay):
             membership=self.membership,
             lanes=self.claim_depth,
         )
+        #: This relay's row in the presence table, written while ``run()`` runs.
+        self.presence = self._presence()
         breaker = Breaker(broker, self.observers)
         runs = settings.ordered and settings.run_length > 1
         #: The steps of one cycle, which every loop of this relay drives.
@@ -129,6 +134,19 @@ class Relay(ClosableRelay):
                 control=self.control,
             )
         )
+
+    def _presence(self) -> Presence:
+        """This relay's row in the presence table, its counts among the observers."""
+        presence = Presence(
+            self.relay_id,
+            self.settings.ordering,
+            self.dialect.presence,
+            self.connections,
+            self.control,
+            interval=self.settings.heartbeat,
+        )
+        self.observers.append(presence.counts)
+        return presence
 
     # -- state ------------------------------------------------------------------------
 
@@ -246,8 +264,9 @@ class Relay(ClosableRelay):
             log.info("relay %s stopped", self.name)
 
     def side_tasks(self) -> list[Task]:
-        """The tasks ``run()`` starts beside its loop: maintenance, heartbeats, LISTEN."""
-        tasks: list[Task] = [Maintenance(self.cycle)]
+        """The tasks ``run()`` starts beside its loop: maintenance, heartbeats, LISTEN, and
+        the relay's row in the presence table."""
+        tasks: list[Task] = [Maintenance(self.cycle), self.presence]
         if self.membership is not None:
             tasks.append(Heartbeats(self.membership, self.control, self.connections))
         if self.settings.notify:

@@ -353,3 +353,18 @@ def test_an_inbox_without_its_primary_key_is_an_error(
     with outbox.engine.begin() as conn:
         conn.exec_driver_sql(finding["fix"].rstrip(";"))
     assert doctor("--db", db_url, "--table", outbox.table.name).exit_code == 0
+
+
+def test_a_missing_presence_table_is_a_warning_that_install_fixes(
+    outbox: Outbox, db_url: str
+) -> None:
+    """A table from before the presence table: relays run, the doctor says what it costs."""
+    with outbox.engine.begin() as conn:
+        outbox.tables.presence.drop(conn)
+    _, report = doctor_json("--db", db_url, "--table", outbox.table.name)
+    [finding] = [f for f in by_check(report, "tables") if "presence" in f["message"]]
+    assert finding["severity"] == "warning"
+    assert "outbox install" in finding["fix"]
+    outbox.install()
+    _, report = doctor_json("--db", db_url, "--table", outbox.table.name)
+    assert not [f for f in by_check(report, "tables") if "presence" in f["message"]]

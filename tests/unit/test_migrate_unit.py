@@ -472,7 +472,7 @@ class FakeOp:
 
 
 #: The Alembic revisions in docs/, in their order: together, ``outbox install``.
-REVISIONS = ("alembic_example", "alembic_key_partitions")
+REVISIONS = ("alembic_example", "alembic_key_partitions", "alembic_presence")
 
 
 class Revisions:

@@ -8,6 +8,7 @@
         "BROKER_URL": "amqp://...",        # for `manage.py outbox relay`
         "ENCODER": "django.core.serializers.json.DjangoJSONEncoder",
         "BATCH_SIZE": 100, "ORDERING": "partitions", ...  # any relay setting, upper-case
+        "DASHBOARD": {"HIDE_PAYLOADS": False, "REFRESH": 5},  # outbox_core.contrib.django.urls
     }
 
 Every key is optional; an unknown one is refused by name.
@@ -27,6 +28,8 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from outbox_core.config import Settings, ordering_alias
+from outbox_core.errors import ConfigurationError
+from outbox_core.fields import format_duration, parse_bool, parse_duration
 from outbox_core.schema import DEFAULT_TABLE, validate_identifier
 
 DEFAULT_ENCODER = "django.core.serializers.json.DjangoJSONEncoder"
@@ -35,7 +38,21 @@ DEFAULT_ENCODER = "django.core.serializers.json.DjangoJSONEncoder"
 RELAY_KNOBS = frozenset(
     f.name for f in fields(Settings) if f.name not in ("database_url", "table", "schema", "dialect")
 )
-_OWN_KEYS = frozenset({"table", "database", "encoder"})
+_OWN_KEYS = frozenset({"table", "database", "encoder", "dashboard"})
+#: The keys of ``settings.OUTBOX["DASHBOARD"]`` (lower-case).
+DASHBOARD_KEYS = frozenset({"hide_payloads", "refresh"})
+#: The overview's refresh bounds, as ``outbox dashboard --refresh`` takes them.
+REFRESH_RANGE = (0.5, 3600.0)
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """``settings.OUTBOX["DASHBOARD"]``: the options of the dashboard's console app."""
+
+    #: Payloads and headers are never shown or sent (they may hold personal data).
+    hide_payloads: bool = False
+    #: Seconds between the overview's updates in the browser.
+    refresh: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class OutboxSettings:
     encoder: type[json.JSONEncoder] | None = None
     #: Relay settings (``Settings`` fields, lower-case), broker_url included.
     knobs: Mapping[str, Any] = field(default_factory=dict)
+    dashboard: DashboardSettings = field(default_factory=DashboardSettings)
 
     def json_default(self) -> Callable[[Any], Any] | None:
         """The encoder's ``default``: what ``json.dumps`` calls for values JSON has no type for."""
@@ -104,7 +122,13 @@ def outbox_settings() -> OutboxSettings:
         )
     encoder = _encoder(values.get("encoder", DEFAULT_ENCODER))
     knobs = {k: v for k, v in values.items() if k in RELAY_KNOBS}
-    result = OutboxSettings(table=table, database=database, encoder=encoder, knobs=knobs)
+    result = OutboxSettings(
+        table=table,
+        database=database,
+        encoder=encoder,
+        knobs=knobs,
+        dashboard=_dashboard(values.get("dashboard")),
+    )
     try:
         result.relay_settings()
     except Exception as exc:
@@ -126,3 +150,31 @@ def _encoder(value: Any) -> type[json.JSONEncoder] | None:
             f"path), not {value!r}"
         )
     return value
+
+
+def _dashboard(raw: Any) -> DashboardSettings:
+    """``settings.OUTBOX["DASHBOARD"]``, checked (None or absent: the defaults)."""
+    where = "settings.OUTBOX['DASHBOARD']"
+    if raw is None:
+        return DashboardSettings()
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict, not {type(raw).__name__}")
+    values = {str(k).lower(): v for k, v in raw.items()}
+    unknown = sorted(set(values) - DASHBOARD_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where}: unknown key(s) {', '.join(k.upper() for k in unknown)} "
+            f"(accepted: {', '.join(sorted(k.upper() for k in DASHBOARD_KEYS))})"
+        )
+    low, high = REFRESH_RANGE
+    try:
+        hide = parse_bool(values.get("hide_payloads", False), f"{where}['HIDE_PAYLOADS']")
+        refresh = parse_duration(values.get("refresh", 5.0), f"{where}['REFRESH']")
+    except ConfigurationError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    if not low <= refresh <= high:
+        raise ImproperlyConfigured(
+            f"{where}['REFRESH']: must be between {format_duration(low)} and "
+            f"{format_duration(high)}, got {values['refresh']!r}"
+        )
+    return DashboardSettings(hide_payloads=hide, refresh=refresh)

@@ -1,4 +1,4 @@
-"""The outbox and inbox tables on a Django connection: the DDL ``outbox install`` runs.
+"""The outbox's tables on a Django connection: the DDL ``outbox install`` runs.
 
 The statements are the toolkit's own (:meth:`OutboxTables.ddl`), compiled
 for the server Django is connected to (MariaDB told from MySQL), and run
@@ -94,12 +94,22 @@ def install(connection: BaseDatabaseWrapper, table: str, run: Any) -> None:
 
 
 def uninstall(connection: BaseDatabaseWrapper, table: str, run: Any) -> None:
-    """Drop the inbox and outbox tables of ``table`` where they exist."""
+    """Drop the tables of ``table`` (the outbox and its companions) where they exist."""
     tables = OutboxTables.create(table)
+    drop(connection, [tables.presence, tables.relays, tables.inbox, tables.outbox], run)
+
+
+def uninstall_presence(connection: BaseDatabaseWrapper, table: str, run: Any) -> None:
+    """Drop the presence table of ``table`` where it exists (migration 0004 reversed)."""
+    drop(connection, [OutboxTables.create(table).presence], run)
+
+
+def drop(connection: BaseDatabaseWrapper, tables: list[sa.Table], run: Any) -> None:
+    """Drop each of ``tables`` that exists, in the order given."""
     name = sa_dialect_name(connection)
     with connection.cursor() as cursor:
         existing = set(connection.introspection.table_names(cursor))
-    for t in (tables.relays, tables.inbox, tables.outbox):
+    for t in tables:
         if t.name in existing:
             run(str(sa.schema.DropTable(t).compile(dialect=_sa(name))))
 

@@ -13,6 +13,8 @@ the log carries that update and the relay takes the rows back in. Its
 progress goes to ``<table>_wal`` (:mod:`.reports`), where a (re)connecting
 relay starts if that is later than the source's own position
 (:mod:`.resume`). A long wait is handed to the table (:mod:`.handover`).
+Its row in the presence table is written on a thread of its own, as the
+polling relay's (:mod:`outbox_core.relay.presence`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from sqlalchemy.engine import Engine
 
 from outbox_core.brokers.base import Broker
 from outbox_core.config import Settings
-from outbox_core.dialects.base import delete_in_batches
+from outbox_core.dialects.base import SessionLimits, delete_in_batches
 from outbox_core.errors import DatabaseError
 from outbox_core.relay.breaker import Breaker
+from outbox_core.relay.connections import Connections
 from outbox_core.relay.control import Control
 from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.lifecycle import ClosableRelay
 from outbox_core.relay.observers import RelayObserver
-from outbox_core.relay.schedule import Every
+from outbox_core.relay.presence import Presence, unique_id
+from outbox_core.relay.schedule import Every, Tasks
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
 from outbox_core.relay.tailing.publisher import Publisher
@@ -103,6 +107,26 @@ class TailingRelay(ClosableRelay):
         self.handover = self.publisher.handover
         self.reports = Reports(engine, source, name)
         self.resume = Resume(engine, source)
+        dialect = source.table.dialect
+        #: This relay's id in the presence table: unique whatever ``name`` says.
+        self.relay_id = unique_id(name)
+        #: Its row in the presence table (mode ``wal``), on a connection of its own.
+        self.presence = Presence(
+            self.relay_id,
+            "wal",
+            dialect.presence,
+            Connections(
+                engine,
+                dialect,
+                SessionLimits.for_lease(settings.lease),
+                ordered=False,
+                stop=self.control.stop_requested,
+            ),
+            self.control,
+            interval=settings.heartbeat,
+            dead=lambda: self.dead,
+        )
+        self.observers.append(self.presence.counts)
         self._idle_confirmed_at = 0.0
         self._cleanup = Every(settings.cleanup_interval if settings.cleanup_after > 0 else 0)
         #: Partitioned ordering does not apply (``/metrics`` asks).
@@ -221,11 +245,7 @@ class TailingRelay(ClosableRelay):
             with stop_on_signals(self.stop, install=install_signal_handlers):
                 log.info("wal relay %s started (batch %d)", self.name, self.batch_size)
                 self.breaker.probe_at_start()
-                self._loop()
-                if self.reader is not None:
-                    # The last word for status: what it held is sent again by the next relay.
-                    self._note_oldest()
-                    self.report(self.reader, durable=True)
+                self._run_loop()
         finally:
             self.close()
             log.info(
@@ -234,6 +254,20 @@ class TailingRelay(ClosableRelay):
                 self.published,
                 self.dead,
             )
+
+    def _run_loop(self) -> None:
+        """The loop, the presence row beside it; the last report once stopped."""
+        tasks = Tasks([self.presence])
+        tasks.start()
+        try:
+            self._loop()
+            if self.reader is not None:
+                # The last word for status: what it held is sent again by the next relay.
+                self._note_oldest()
+                self.report(self.reader, durable=True)
+        finally:
+            self.control.stop()
+            tasks.join()
 
     def _loop(self) -> None:
         lost = Backoff(0.2, RECONNECT_MAX, jitter=0.2)
@@ -384,6 +418,8 @@ class TailingRelay(ClosableRelay):
         self.lanes.clear()
 
     def close(self) -> None:
-        """Close the reader (nothing unconfirmed is confirmed) and the broker."""
+        """Close the reader (nothing unconfirmed is confirmed), the presence row's
+        connection and the broker."""
         self._forget()
+        self.presence.connections.close_all()
         self.close_broker()

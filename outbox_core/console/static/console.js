@@ -1,0 +1,60 @@
+// The overview's chart (uPlot) and its refresh from /api/overview. The figures
+// arrive as JSON data; nothing from the table is ever inserted as markup.
+(function () {
+  "use strict";
+  var holder = document.getElementById("overview-data");
+  var chartBox = document.getElementById("flow-chart");
+  if (!holder || !chartBox || typeof uPlot === "undefined") { return; }
+  var data = JSON.parse(holder.textContent);
+  var refresh = parseFloat(holder.getAttribute("data-refresh")) || 5;
+  var base = document.body.getAttribute("data-base") || "";
+
+  function age(seconds) {
+    if (seconds === null || seconds === undefined) { return "-"; }
+    var s = Math.floor(seconds);
+    if (s < 60) { return s + "s"; }
+    if (s < 3600) { return Math.floor(s / 60) + "m " + (s % 60) + "s"; }
+    if (s < 86400) { return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m"; }
+    return Math.floor(s / 86400) + "d " + Math.floor((s % 86400) / 3600) + "h";
+  }
+
+  function series(d) { return [d.flow.starts, d.flow.created, d.flow.sent]; }
+
+  var opts = {
+    width: Math.max(320, chartBox.clientWidth - 16),
+    height: 300,
+    scales: { x: { time: true } },
+    axes: [{}, { label: "events per " + Math.round(data.flow.bucket_seconds / 60) + " min" }],
+    series: [
+      {},
+      { label: "created (inflow)", stroke: "#2563eb", width: 2, fill: "rgba(37,99,235,0.08)" },
+      { label: "sent (outflow)", stroke: "#16a34a", width: 2 }
+    ]
+  };
+  var chart = new uPlot(opts, series(data), chartBox);
+
+  window.addEventListener("resize", function () {
+    chart.setSize({ width: Math.max(320, chartBox.clientWidth - 16), height: 300 });
+  });
+
+  function show(d) {
+    var fields = document.querySelectorAll("[data-field]");
+    for (var i = 0; i < fields.length; i++) {
+      var el = fields[i];
+      var value = d[el.getAttribute("data-field")];
+      if (el.hasAttribute("data-age")) { el.textContent = age(value); }
+      else { el.textContent = String(Math.round(value || 0)); }
+    }
+    chart.setData(series(d));
+  }
+
+  function poll() {
+    var url = base + "/api/overview?range=" + encodeURIComponent(data.flow.range);
+    fetch(url, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (d) { if (d) { show(d); } })
+      .catch(function () { /* the next refresh tries again */ })
+      .then(function () { window.setTimeout(poll, refresh * 1000); });
+  }
+  window.setTimeout(poll, refresh * 1000);
+})();
