@@ -10,15 +10,14 @@ finds that id by a binary search over the primary key.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.dialects.base.primitives import SqlPrimitives
+from outbox_core.dialects.base.primitives import SqlPrimitives, plain_read
 from outbox_core.dialects.base.values import EventRow, FlowBucket, HeldKey, Overview
 from outbox_core.message import State
 from outbox_core.schema import in_state
@@ -63,19 +62,6 @@ class ConsoleReads:
 
     # -- reading ---------------------------------------------------------------
 
-    @contextmanager
-    def reading(self, conn: Connection) -> Iterator[Connection]:
-        """A plain transaction, or the caller's open one.
-
-        Not the dialect's transaction: SQLite's takes the write lock at
-        ``BEGIN``, which relays and producers would wait on.
-        """
-        if conn.in_transaction():
-            yield conn
-            return
-        with conn.begin():
-            yield conn
-
     def overview(self, conn: Connection) -> Overview:
         """Rows per state still to deliver, the oldest pending one, the newest id.
 
@@ -103,7 +89,7 @@ class ConsoleReads:
             first_pending,
             sa.select(sa.func.max(t.c.id)).scalar_subquery(),
         )
-        with self.reading(conn):
+        with plain_read(conn):
             now, pending, leased, dead, created, first, newest = conn.execute(query).one()
         return Overview(
             now=utc(now),
@@ -140,7 +126,7 @@ class ConsoleReads:
             .order_by(t.c.id)
             .limit(1)
         )
-        with self.reading(conn):
+        with plain_read(conn):
             since, low, high, newest_created = conn.execute(bounds).one()
             if low is None or newest_created is None or utc(newest_created) < utc(since):
                 return None
@@ -176,7 +162,7 @@ class ConsoleReads:
         if seconds <= 0 or bucket <= 0:
             raise ValueError(f"seconds and bucket must be positive, not {seconds} and {bucket}")
         width = max(1, round(bucket * 1_000_000))
-        with self.reading(conn):
+        with plain_read(conn):
             clock = conn.execute(sa.select(self.sql.now())).scalar_one()
             now = (utc(clock) - EPOCH) // MICROSECOND
             first = (now - round(seconds * 1_000_000)) // width
@@ -274,7 +260,7 @@ class ConsoleReads:
             branches = [newest(s).subquery(f"s{s}") for s in wanted]
             merged = sa.union_all(*(sa.select(*b.c) for b in branches)).subquery("u")
             query = sa.select(*merged.c).order_by(merged.c.id.desc()).limit(limit)
-        with self.reading(conn):
+        with plain_read(conn):
             rows = conn.execute(query).all()
         return [self.event_row(row) for row in rows]
 
@@ -282,7 +268,7 @@ class ConsoleReads:
         """The event ``id`` with its payload and headers (None: no such row)."""
         t = self.table
         query = sa.select(*self.list_columns(), t.c.payload, t.c.headers).where(t.c.id == id)
-        with self.reading(conn):
+        with plain_read(conn):
             row = conn.execute(query).first()
         return None if row is None else self.event_row(row)
 
@@ -373,7 +359,7 @@ class ConsoleReads:
             .order_by(found.c.waiting.desc(), found.c.dead_id)
             .limit(limit)
         )
-        with self.reading(conn):
+        with plain_read(conn):
             rows = conn.execute(query).all()
         return [
             HeldKey(str(k), int(dead_id), error, int(waiting), utc_or_none(oldest))
@@ -401,6 +387,6 @@ class ConsoleReads:
             )
             .group_by(t.c.key_partition)
         )
-        with self.reading(conn):
+        with plain_read(conn):
             rows = conn.execute(query).all()
         return {int(p): int(n) for p, n in rows}

@@ -9,15 +9,13 @@ membership table's are, so relays on hosts whose clocks disagree compare.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from outbox_core.dialects.base.primitives import SqlPrimitives
+from outbox_core.dialects.base.primitives import SqlPrimitives, plain_read
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class PresenceStatements:
         p = self.presence
         # In a transaction of its own: a relay's connection must not stay in
         # the one the inspector's query would begin.
-        with self.reading(conn):
+        with plain_read(conn):
             return bool(sa.inspect(conn).has_table(p.name, schema=p.schema))
 
     def beat(self, conn: Connection, beat: Beat) -> bool:
@@ -129,19 +127,6 @@ class PresenceStatements:
                 ).rowcount
             )
 
-    @contextmanager
-    def reading(self, conn: Connection) -> Iterator[Connection]:
-        """A plain transaction, or the caller's open one.
-
-        Not the dialect's transaction: SQLite's takes the write lock at
-        ``BEGIN``, which relays and producers would wait on.
-        """
-        if conn.in_transaction():
-            yield conn
-            return
-        with conn.begin():
-            yield conn
-
     def fleet(self, conn: Connection) -> list[PresenceRow]:
         """Every row, with its ages on the database's clock: the newest relay first.
 
@@ -161,7 +146,7 @@ class PresenceStatements:
             p.c.dead,
             p.c.published_last_minute,
         ).order_by(p.c.started_at.desc(), p.c.relay_id)
-        with self.reading(conn):
+        with plain_read(conn):
             rows = conn.execute(query).all()
         return [
             PresenceRow(

@@ -11,8 +11,8 @@ reaches every part through them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -93,3 +93,17 @@ class SqlPrimitives:
     def table(self) -> sa.Table:
         """The outbox table."""
         return self.tables.outbox
+
+
+@contextmanager
+def plain_read(conn: Connection) -> Iterator[Connection]:
+    """A plain read transaction, or the caller's open one (no row lock, no write lock).
+
+    Not :attr:`SqlPrimitives.transaction`: SQLite's takes the write lock at
+    ``BEGIN``, which relays and producers would wait on.
+    """
+    if conn.in_transaction():
+        yield conn
+        return
+    with conn.begin():
+        yield conn

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,15 @@ class Console:
         range_name = request.query_params.get("range", "1h")
         if range_name not in RANGES:
             return JSONResponse({"error": f"unknown range {range_name!r}"}, 400)
-        page = await run_in_threadpool(self.reader.overview, range_name)
+        try:
+            since = (
+                float(request.query_params["since"]) if "since" in request.query_params else None
+            )
+        except ValueError:
+            return JSONResponse({"error": "since must be seconds since the epoch"}, 400)
+        if since is not None and not math.isfinite(since):
+            return JSONResponse({"error": "since must be seconds since the epoch"}, 400)
+        page = await run_in_threadpool(self.reader.overview, range_name, since)
         return JSONResponse(page.as_dict())
 
     async def api_relays(self, request: Request) -> Response:

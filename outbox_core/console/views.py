@@ -11,6 +11,7 @@ JSON API encodes it.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -58,10 +59,14 @@ class Flow:
 
     range: str
     bucket_seconds: int
+    #: The range's length: the chart keeps the buckets of the last ``seconds``.
+    seconds: int
     #: Each bucket's start as seconds since the epoch (the chart's x axis).
     starts: list[float]
     created: list[int]
     sent: list[int]
+    #: Only the buckets from ``since`` on (a refresh), not the whole range.
+    partial: bool = False
 
     @property
     def per_minute(self) -> tuple[float, float]:
@@ -145,16 +150,25 @@ class Reader:
         self.hide_payloads = hide_payloads
         self.reads = outbox.dialect.console
 
-    def overview(self, range_name: str = "1h") -> OverviewPage:
-        """The overview page's figures."""
-        seconds, bucket = RANGES[range_name]
+    def overview(self, range_name: str = "1h", since: float | None = None) -> OverviewPage:
+        """The overview page's figures; ``since`` (seconds since the epoch: the start of the
+        newest bucket the page holds): only the buckets from there on.
+
+        A page refreshing every second asks with ``since``: the buckets before it do
+        not change, and reading an hour of rows every second would cost the relays.
+        """
+        range_seconds, bucket = RANGES[range_name]
+        seconds = range_seconds
+        if since is not None:
+            # One bucket more than asked: the clocks of this host and the database differ.
+            seconds = int(min(range_seconds, max(bucket, time.time() - since + bucket)))
         with translate_errors("dashboard"), self.outbox.engine.connect() as conn:
             counts: Overview = self.reads.overview(conn)
             # From the oldest bucket's start, which may begin before the range.
             from_id = self.reads.first_id_since(conn, seconds + bucket)
             buckets = self.reads.flow(conn, seconds=seconds, bucket=bucket, from_id=from_id)
         relays = self._relay_rows()
-        flow = _flow(range_name, bucket, buckets)
+        flow = _flow(range_name, bucket, range_seconds, buckets, partial=seconds < range_seconds)
         inflow, outflow = flow.per_minute
         live = [r.published_last_minute for r in relays if not r.stale]
         if any(n is not None for n in live):
@@ -289,10 +303,14 @@ class Reader:
         return data
 
 
-def _flow(range_name: str, bucket: int, buckets: list[FlowBucket]) -> Flow:
+def _flow(
+    range_name: str, bucket: int, seconds: int, buckets: list[FlowBucket], *, partial: bool
+) -> Flow:
     return Flow(
         range=range_name,
         bucket_seconds=bucket,
+        seconds=seconds,
+        partial=partial,
         starts=[(_aware(b.start) or b.start).timestamp() for b in buckets],
         created=[b.created for b in buckets],
         sent=[b.sent for b in buckets],

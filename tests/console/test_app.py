@@ -355,3 +355,22 @@ def test_every_running_relay_is_listed_with_its_throughput(outbox: Outbox) -> No
         for thread in threads:
             thread.join(30)
     assert client.get("/api/relays").json()["relays"] == []  # clean stops remove their rows
+
+
+@pytest.mark.needs_server
+def test_a_refresh_reads_only_the_newest_buckets(outbox: Outbox) -> None:
+    """The page refreshes with ``since`` (its newest bucket's start): only the buckets from
+    there on come back, with the counts a full read gives them."""
+    put(outbox, 7)
+    client = TestClient(console_app(outbox))
+    full = client.get("/api/overview").json()["flow"]
+    newest = full["starts"][-1]
+    part = client.get(f"/api/overview?since={newest}").json()["flow"]
+    assert part["partial"] and not full["partial"]
+    assert 1 <= len(part["starts"]) <= 3 and newest in part["starts"]
+    assert part["seconds"] == full["seconds"] == 3600
+    at = part["starts"].index(newest)
+    assert part["created"][at] == full["created"][-1]
+    assert sum(part["created"]) == 7
+    for bad in ("x", "nan", "inf"):
+        assert client.get(f"/api/overview?since={bad}").status_code == 400

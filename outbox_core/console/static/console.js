@@ -18,7 +18,29 @@
     return Math.floor(s / 86400) + "d " + Math.floor((s % 86400) / 3600) + "h";
   }
 
-  function series(d) { return [d.flow.starts, d.flow.created, d.flow.sent]; }
+  // The chart's buckets, by start; a refresh brings only the newest ones.
+  var flow = { starts: data.flow.starts.slice(), created: data.flow.created.slice(),
+               sent: data.flow.sent.slice() };
+
+  function merge(part) {
+    for (var i = 0; i < part.starts.length; i++) {
+      var at = flow.starts.indexOf(part.starts[i]);
+      if (at >= 0) {
+        flow.created[at] = part.created[i];
+        flow.sent[at] = part.sent[i];
+      } else if (!flow.starts.length || part.starts[i] > flow.starts[flow.starts.length - 1]) {
+        flow.starts.push(part.starts[i]);
+        flow.created.push(part.created[i]);
+        flow.sent.push(part.sent[i]);
+      }
+    }
+    var newest = flow.starts[flow.starts.length - 1];
+    while (flow.starts.length && flow.starts[0] < newest - data.flow.seconds) {
+      flow.starts.shift(); flow.created.shift(); flow.sent.shift();
+    }
+  }
+
+  function series() { return [flow.starts, flow.created, flow.sent]; }
 
   var opts = {
     width: Math.max(320, chartBox.clientWidth - 16),
@@ -31,7 +53,7 @@
       { label: "sent (outflow)", stroke: "#16a34a", width: 2 }
     ]
   };
-  var chart = new uPlot(opts, series(data), chartBox);
+  var chart = new uPlot(opts, series(), chartBox);
 
   window.addEventListener("resize", function () {
     chart.setSize({ width: Math.max(320, chartBox.clientWidth - 16), height: 300 });
@@ -45,11 +67,14 @@
       if (el.hasAttribute("data-age")) { el.textContent = age(value); }
       else { el.textContent = String(Math.round(value || 0)); }
     }
-    chart.setData(series(d));
+    if (d.flow.partial) { merge(d.flow); } else { flow = d.flow; }
+    chart.setData(series());
   }
 
   function poll() {
-    var url = base + "/api/overview?range=" + encodeURIComponent(data.flow.range);
+    var since = flow.starts.length ? flow.starts[flow.starts.length - 1] : null;
+    var url = base + "/api/overview?range=" + encodeURIComponent(data.flow.range) +
+      (since === null ? "" : "&since=" + encodeURIComponent(String(since)));
     fetch(url, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (d) { if (d) { show(d); } })
