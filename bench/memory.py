@@ -161,6 +161,22 @@ def enqueue_large(outbox: Outbox, count: int, size: int, *, compressible: bool =
         return int(conn.execute(largest).scalar_one())
 
 
+def own_peak_mib() -> float:
+    """This process's own peak resident size: its memory's high-water mark (``VmHWM``).
+
+    Not ``ru_maxrss``: Linux keeps that across fork and exec, so a child started
+    by a process that once held more reports the parent's peak instead of its own.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def relay_large(
     db: str, table: str, events: int, knobs: dict[str, Any], timeout: float = 600.0
 ) -> dict[str, Any]:
@@ -195,7 +211,7 @@ def child(spec: str) -> None:
         pass  # the pool's first connection: part of the relay's footprint
     start = rss_mb()
     seconds = events / run_until_sent(relay, events)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = own_peak_mib()
     outbox.dispose()
     settings = relay.settings
     report = {
