@@ -7,17 +7,18 @@ own, asked over loopback by a client that keeps its connection open (a browser).
 1. Latency. A fresh table gets ``--rows`` rows of history (sent rows over the last
    7 days, 3.6% of them in the last hour; 0.3% pending, 0.05% leased, 0.2% dead;
    ids rising with ``created_at``), is analyzed, and ``GET /``, ``/api/overview``
-   (1h, what the page refreshes), ``?range=24h`` and ``?range=7d`` are timed,
-   ``--requests`` each, interleaved after a warm-up, with the ceilings in the same
-   loop: ``GET /healthz`` (the same HTTP stack, no database) and ``SELECT 1`` on an
-   engine of the same URL (the least a read costs). The page's counts are checked
-   against the table and the rows written; each read is also timed alone.
+   (1h), its refresh (``since`` the newest bucket, what the page asks each time),
+   ``?range=24h`` and ``?range=7d`` are timed, ``--requests`` each, interleaved
+   after a warm-up, with the ceilings in the same loop: ``GET /healthz`` (the HTTP
+   stack, no database) and ``SELECT 1`` on an engine of the same URL (the least a
+   read costs). The page's counts are checked against the table and the rows
+   written; each read is also timed alone.
 2. Drain. Each round, on fresh tables of ``--drain-history`` rows of the same
    history plus ``--events`` due events, analyzed: one relay drains with no
-   dashboard, one while a client asks for ``/api/overview`` one ``--refresh``
-   after each answer, from its newest bucket on (``since``), as the page's script
-   does; the ceiling is the bare lease
-   loop on the raw driver (``bench/bare_lease.py``); the order alternates by round.
+   dashboard, one while a client refreshes ``/api/overview`` one ``--refresh``
+   after each answer as the page's script does (``since`` its newest bucket); the
+   ceiling is the bare lease loop on the raw driver (``bench/bare_lease.py``); the
+   order alternates by round.
 
 Targets: the overview's p95 under 500 ms at 1,000,000 rows; the relay with a
 dashboard at 0.95 or more of the relay without one.
@@ -71,6 +72,7 @@ SEND_DELAY = 0.2
 TARGETS = {"GET /healthz (no database)": "/healthz", "GET /": "/"}
 TARGETS["GET /api/overview (1h)"] = "/api/overview"
 TARGETS.update({f"GET /api/overview?range={r}": f"/api/overview?range={r}" for r in ("24h", "7d")})
+REFRESH = "GET /api/overview?since= (a refresh)"
 
 
 @dataclass
@@ -178,10 +180,8 @@ def fresh_outbox(url: str) -> Iterator[Outbox]:
         outbox.dispose()
 
 
-def _wait_ready(
-    child: subprocess.Popen[bytes], errors: IO[bytes], base: str, timeout: float
-) -> None:
-    deadline = time.monotonic() + timeout
+def _ready(child: subprocess.Popen[bytes], errors: IO[bytes], base: str, limit: float) -> None:
+    deadline = time.monotonic() + limit
     while child.poll() is None:
         try:
             if httpx.get(base + "/healthz", timeout=1.0).status_code == 200:
@@ -189,7 +189,7 @@ def _wait_ready(
         except httpx.TransportError:
             pass  # not listening yet
         if time.monotonic() > deadline:
-            raise SystemExit(f"outbox dashboard did not answer within {timeout:.0f} s")
+            raise SystemExit(f"outbox dashboard did not answer within {limit:.0f} s")
         time.sleep(0.05)
     errors.seek(0)
     raise SystemExit(f"outbox dashboard exited: {errors.read().decode()}")
@@ -210,7 +210,7 @@ def dashboard(url: str, table: str, timeout: float = 60.0) -> Iterator[str]:
         subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors) as child,
     ):
         try:
-            _wait_ready(child, errors, base, timeout)
+            _ready(child, errors, base, timeout)
             yield base
         finally:
             child.terminate()  # leaving the block waits for it
@@ -242,7 +242,12 @@ def time_requests(
             if path == "/api/overview":
                 last.update(response.json())
 
+        def refresh() -> None:
+            # As the page's script asks each second: from the newest bucket it holds.
+            get(f"/api/overview?since={last['flow']['starts'][-1]}")
+
         steps: dict[str, Callable[[], None]] = {n: partial(get, p) for n, p in TARGETS.items()}
+        steps[REFRESH] = refresh
         steps["SELECT 1 (an engine of the same URL)"] = select_one
         times: dict[str, list[float]] = {name: [] for name in steps}
         try:
@@ -304,13 +309,10 @@ def time_reads(outbox: Outbox, reps: int = 5) -> list[tuple[str, float]]:
             timings.append(timed(f"first_id_since({name})", since))
             flow = partial(reads.flow, conn, seconds=seconds, bucket=bucket, from_id=since())
             timings.append(timed(f"flow({name})", flow))
-        minute = partial(
-            reads.sent_by_partition, conn, seconds=60, from_id=reads.first_id_since(conn, 3600)
-        )
-        timings.append(timed("sent_by_partition(60 s)", minute))
-    timings.append(timed("relays() (membership table)", outbox.relays))
+    timings.append(timed("fleet(), relays() (the relays page)", reader.relays))
     timings += [timed(f"Reader.overview({r})", partial(reader.overview, r)) for r in ranges]
-    return timings
+    newest = partial(reader.overview, "1h", time.time() // 60 * 60)
+    return [*timings, timed("Reader.overview(1h, since: refresh)", newest)]
 
 
 def latency(args: argparse.Namespace) -> None:
@@ -331,7 +333,7 @@ def latency(args: argparse.Namespace) -> None:
             p50, p95 = percentile(values, 0.5) * 1e3, percentile(values, 0.95) * 1e3
             print(f"  {name:36} {p50:8.1f} {p95:8.1f} {max(values) * 1e3:8.1f}")
         floor = statistics.median(times["GET /healthz (no database)"])
-        for name in ("GET /", "GET /api/overview (1h)"):
+        for name in ("GET /", "GET /api/overview (1h)", REFRESH):
             p95 = percentile(times[name], 0.95)
             verdict = "met" if p95 < 0.5 else "MISSED"
             print(
@@ -353,25 +355,23 @@ class Refresher:
 
     base: str
     period: float
-    range: str = "1h"
+    #: The newest bucket's start in the page's last answer.
+    since: float | None = None
     latencies: list[float] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        """Ask until stopped: after the first answer, from the newest bucket on (``since``),
-        as the page's script does."""
-        since: float | None = None
+        """Ask until stopped, from the newest bucket on (``since``), as the page's script does."""
         with httpx.Client(base_url=self.base, timeout=60.0) as client:
             while not self.stop.is_set():
                 started = time.perf_counter()
-                url = f"/api/overview?range={self.range}"
-                if since is not None:
-                    url += f"&since={since}"
-                response = client.get(url, headers={"Accept": "application/json"})
+                since = "" if self.since is None else f"?since={self.since}"
+                response = client.get(
+                    f"/api/overview{since}", headers={"Accept": "application/json"}
+                )
                 response.raise_for_status()
                 self.latencies.append(time.perf_counter() - started)
-                starts = response.json()["flow"]["starts"]
-                since = starts[-1] if starts else since
+                self.since = (response.json()["flow"]["starts"] or [self.since])[-1]
                 self.stop.wait(self.period)
 
 
@@ -386,8 +386,10 @@ def drain_once(args: argparse.Namespace, watched: bool) -> tuple[float, list[flo
         if not watched:
             return relay_rate(outbox, args.batch, total), []
         with dashboard(args.db, outbox.table.name) as base:
-            httpx.get(base + "/api/overview", timeout=60.0).raise_for_status()  # the page is open
-            refresher = Refresher(base, args.refresh, args.refresh_range)
+            # The page is open: it holds the whole range, then refreshes its newest buckets.
+            opened = httpx.get(f"{base}/api/overview", timeout=60.0)
+            newest = opened.raise_for_status().json()["flow"]["starts"][-1]
+            refresher = Refresher(base, args.refresh, newest)
             thread = threading.Thread(target=refresher.run)
             thread.start()
             try:
@@ -402,13 +404,11 @@ def drain(args: argparse.Namespace) -> None:
     """Part 2: a relay's drain with and without a dashboard refreshing, against the ceiling."""
     payload = json.dumps(PAYLOAD).encode()
     probe = Outbox(args.db, table="bench_probe")
-    refreshes: list[float] = []
-    counts: list[int] = []
+    refreshes: list[list[float]] = []  # each watched drain's
 
     def watched() -> float:
         rate, latencies = drain_once(args, True)
-        refreshes.extend(latencies)
-        counts.append(len(latencies))
+        refreshes.append(latencies)
         return rate
 
     runs: dict[str, Callable[[], float]] = {
@@ -419,10 +419,9 @@ def drain(args: argparse.Namespace) -> None:
         "relay + dashboard": watched,
     }
     print(
-        f"\n== 2. drain with a dashboard refreshing every {args.refresh:g} s "
-        f"(range {args.refresh_range}): "
-        f"{args.events:,} events (+ the history's due backlog) on {args.drain_history:,} "
-        f"rows of history, batch {args.batch}, ceiling on {driver_name(probe.engine)}; "
+        f"\n== 2. drain with a dashboard refreshing every {args.refresh:g} s (range 1h): "
+        f"{args.events:,} events (+ the history's due backlog) on {args.drain_history:,} rows "
+        f"of history, batch {args.batch}, ceiling on {driver_name(probe.engine)}; "
         f"load average {load()}"
     )
     rates: dict[str, list[float]] = {name: [] for name in runs}
@@ -437,19 +436,18 @@ def drain(args: argparse.Namespace) -> None:
                 f"  round {round_}: ceiling {ceiling:7.0f}/s; "
                 f"relay {bare:7.0f}/s ({bare / ceiling:.2f}); "
                 f"relay + dashboard {seen:7.0f}/s ({seen / ceiling:.2f}), {seen / bare:.2f} of the "
-                f"relay, {counts[-1]} refreshes",
+                f"relay, {len(refreshes[-1])} refreshes",
                 flush=True,
             )
     finally:
         probe.dispose()
-    summarize(rates, refreshes, args.refresh_range)
+    summarize(rates, [t for drain in refreshes for t in drain])
 
 
-def summarize(rates: dict[str, list[float]], refreshes: list[float], range_name: str) -> None:
+def summarize(rates: dict[str, list[float]], refreshes: list[float]) -> None:
     """Part 2's medians: each variant against the ceiling, the dashboard's cost to the relay."""
-    print(
-        f"  ceiling, bare lease loop (median): {statistics.median(rates['ceiling']):8.0f} events/s"
-    )
+    ceiling = statistics.median(rates["ceiling"])
+    print(f"  ceiling, bare lease loop (median): {ceiling:8.0f} events/s")
     for name in ("relay", "relay + dashboard"):
         ratios = [r / c for r, c in zip(rates[name], rates["ceiling"], strict=True)]
         print(
@@ -465,12 +463,11 @@ def summarize(rates: dict[str, list[float]], refreshes: list[float], range_name:
         f"{statistics.median(paired):.2f} (rounds {min(paired):.2f}-{max(paired):.2f}; "
         f"target 0.95: {verdict}); ratio of the medians {of_medians:.2f}"
     )
-    if refreshes:
-        print(
-            f"  /api/overview?range={range_name} during the drains: {len(refreshes)} requests, "
-            f"p50 {percentile(refreshes, 0.5) * 1e3:.1f} ms, "
-            f"p95 {percentile(refreshes, 0.95) * 1e3:.1f} ms, max {max(refreshes) * 1e3:.1f} ms"
-        )
+    p50, p95 = (percentile(refreshes, share) * 1e3 for share in (0.5, 0.95))
+    print(
+        f"  /api/overview?range=1h during the drains: {len(refreshes)} requests, "
+        f"p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {max(refreshes) * 1e3:.1f} ms"
+    )
 
 
 def main() -> None:
@@ -486,16 +483,12 @@ def main() -> None:
         ("--refresh", float, 1.0, "seconds between the dashboard's refreshes"),
     ):
         parser.add_argument(flag, type=kind, default=default, help=text)
-    parser.add_argument(
-        "--refresh-range", default="1h", choices=list(RANGES), help="the range the page shows"
-    )
     parser.add_argument("--no-latency", action="store_true", help="skip part 1")
     parser.add_argument("--no-drain", action="store_true", help="skip part 2")
     parser.add_argument("--no-diagnosis", action="store_true", help="skip timing each read alone")
     args = parser.parse_args()
-    probe = Outbox(args.db, table="bench_probe")
-    print(f"database: {probe.dialect.name}, {os.cpu_count()} cores; load average {load()}")
-    probe.dispose()
+    backend = sa.make_url(args.db).get_backend_name()
+    print(f"database: {backend}, {os.cpu_count()} cores; load average {load()}")
     if not args.no_latency:
         latency(args)
     if not args.no_drain:

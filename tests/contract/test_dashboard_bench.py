@@ -28,6 +28,7 @@ LINES = (
     "GET /healthz (no database)",
     "SELECT 1 (an engine of the same URL)",
     "GET /api/overview?range=7d",
+    "GET /api/overview?since= (a refresh)",
     "flow(7d)",
     "== 2. drain with a dashboard refreshing",
     "ceiling, bare lease loop (median)",
