@@ -27,8 +27,12 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[
+                # Not atomic: MySQL and MariaDB cannot roll DDL back (see 0004).
                 migrations.RunPython(
-                    install, migrations.RunPython.noop, hints={"model_name": "outboxevent"}
+                    install,
+                    migrations.RunPython.noop,
+                    atomic=False,
+                    hints={"model_name": "outboxevent"},
                 ),
             ],
             state_operations=[

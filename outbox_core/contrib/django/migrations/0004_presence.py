@@ -29,5 +29,9 @@ class Migration(migrations.Migration):
     dependencies = [("outbox_toolkit", "0003_key_partitions")]
 
     operations = [
-        migrations.RunPython(install, uninstall, hints={"model_name": "outboxevent"}),
+        # Not atomic: MySQL and MariaDB cannot roll DDL back, and Django refuses
+        # DDL inside the atomic block it would otherwise wrap RunPython in.
+        migrations.RunPython(
+            install, uninstall, atomic=False, hints={"model_name": "outboxevent"}
+        ),
     ]
