@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from outbox_core.columns import ColumnMap
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import (
     checked,
@@ -40,6 +41,14 @@ DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 DEFAULT_BATCH_BYTES = DEFAULT_MAX_PAYLOAD
 
 
+def _columns(value: Any, name: str) -> ColumnMap | None:
+    """``columns``: ``FIELD=COLUMN,...`` or a TOML table; the toolkit's own layout is None."""
+    if value is None or value == "":
+        return None
+    mapping = ColumnMap.parse(value)
+    return None if mapping.is_default else mapping
+
+
 @checked
 @dataclass(frozen=True)
 class Settings:
@@ -57,6 +66,11 @@ class Settings:
     table: str = "outbox"
     #: Database schema of the tables; None: the connection's default schema.
     schema: str | None = None
+    #: The columns of an existing table that hold the toolkit's fields
+    #: (``event_id=id,key=aggregate_id,topic=event_type``, or a TOML table of the
+    #: same); None: the toolkit's own layout. ``outbox install`` adds only its
+    #: bookkeeping to such a table; every command reads it through the mapping.
+    columns: ColumnMap | None = setting(None, convert=_columns)  # noqa: RUF009 - a field()
     #: Dialect to use instead of the URL's: ``postgresql``, ``mysql``, ``mariadb``,
     #: ``mssql``, ``sqlite``, a plug-in's name or ``package.module:Class``; None: the URL's.
     dialect: str | None = None

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from outbox_core import tracing
 from outbox_core.errors import (
     ConfigurationError,
+    DuplicateEventId,
     EventError,
     PayloadError,
     TableMissing,
@@ -30,15 +31,18 @@ from outbox_core.message import NewEvent, build_new_event
 from outbox_core.transaction import TransactionPort
 
 if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Sequence
     from datetime import timedelta
 
     from sqlalchemy.engine import Connection, Engine
 
     from outbox_core.dialects.base import Dialect
+    from outbox_core.ports.asyncdb import AsyncTransaction
     from outbox_core.relay import Relay
 
 #: The arguments of one event in ``enqueue_many``.
-EVENT_FIELDS = frozenset({"topic", "payload", "key", "headers", "delay"})
+EVENT_FIELDS = frozenset({"topic", "payload", "key", "headers", "delay", "event_id"})
 
 
 log = logging.getLogger("outbox")
@@ -90,8 +94,13 @@ class Producer:
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None,
+        event_id: uuid.UUID | str | None = None,
     ) -> NewEvent:
-        """A checked event: trace context added to the headers, the payload encoded."""
+        """A checked event: trace context added to the headers, the payload encoded.
+
+        ``event_id``: the caller's own id (a UUID, see
+        :func:`~outbox_core.message.check_event_id`); None: a new one.
+        """
         return build_new_event(
             topic,
             payload,
@@ -100,30 +109,133 @@ class Producer:
             delay=delay,
             json_default=self.json_default,
             portable_topics=self.portable_topics,
+            event_id=event_id,
         )
 
     def enqueue(self, port: TransactionPort, event: NewEvent, *, notify: bool) -> str:
-        """Write ``event`` in the port's transaction; return its ``event_id``."""
+        """Write ``event`` in the port's transaction; return its ``event_id``.
+
+        An id the caller gave that is already in the table raises
+        :class:`~outbox_core.errors.DuplicateEventId`, the transaction usable.
+        """
         self.check_transaction(port)
         self.check(port, event)
         first = port.first_event(self)
-        statement, params = self.dialect.enqueue.call(event, notify=notify and first)
-        port.execute(statement, params)
+        enqueue = self.dialect.enqueue
+        if event.id_given:
+            calls = [enqueue.call(event, notify=False)]
+            self._write_guarded(port, calls, [event], notify=notify and first)
+        else:
+            statement, params = enqueue.call(event, notify=notify and first)
+            port.execute(statement, params)
         if first:
             self._wake_after_commit(port)
         return event.event_id
 
     def enqueue_many(self, port: TransactionPort, events: list[NewEvent], *, notify: bool) -> None:
-        """Write checked ``events`` in order, in a few statements."""
+        """Write checked ``events`` in order, in a few statements.
+
+        With any id the caller gave, all of them or none (see :meth:`enqueue`).
+        """
         if not events:
             return
         self.check_transaction(port)
         first = port.first_event(self)
-        calls = self.dialect.enqueue.many_calls(events, notify=notify and first, driver=port.driver)
-        for statement, params in calls:
-            port.execute(statement, params)
+        enqueue = self.dialect.enqueue
+        if self.guarded(events):
+            calls = enqueue.many_calls(events, notify=False, driver=port.driver)
+            self._write_guarded(port, calls, events, notify=notify and first)
+        else:
+            calls = enqueue.many_calls(events, notify=notify and first, driver=port.driver)
+            for statement, params in calls:
+                port.execute(statement, params)
         if first:
             self._wake_after_commit(port)
+
+    @staticmethod
+    def guarded(events: Sequence[NewEvent]) -> bool:
+        """Some id was given by the caller: the inserts run in a savepoint."""
+        return any(event.id_given for event in events)
+
+    def _write_guarded(
+        self,
+        port: TransactionPort,
+        calls: Iterable[tuple[sa.Executable, Any]],
+        events: Sequence[NewEvent],
+        *,
+        notify: bool,
+    ) -> None:
+        """The inserts of events with the caller's ids, undone alone if one is a duplicate.
+
+        The wake-up goes before the savepoint, on its own: undone with a
+        duplicate, it would be missing while the port's marks say it was sent.
+        """
+        enqueue = self.dialect.enqueue
+        wake_up = enqueue.notify_statement() if notify else None
+        if wake_up is not None:
+            port.execute(wake_up, {})
+        for statement in enqueue.guard_begin():
+            port.execute(statement, {})
+        try:
+            for statement, params in calls:
+                port.execute(statement, params)
+        except Exception as exc:
+            try:
+                self._undo_guarded(port)
+            except Exception:
+                log.debug("undoing a failed enqueue's savepoint failed", exc_info=True)
+                raise exc from None
+            duplicate = self.duplicate(exc, events)
+            if duplicate is None:
+                raise
+            raise duplicate from exc
+        for statement in enqueue.guard_end():
+            port.execute(statement, {})
+
+    async def flush(self, port: AsyncTransaction, events: Sequence[NewEvent]) -> None:
+        """Await an async port's recorded statements; a duplicate id undone as in ``enqueue``."""
+        try:
+            await port.flush()
+        except Exception as exc:
+            if not self.guarded(events):
+                raise
+            self._undo_guarded(port)
+            try:
+                await port.flush()
+            except Exception:
+                log.debug("undoing a failed enqueue's savepoint failed", exc_info=True)
+                raise exc from None
+            duplicate = self.duplicate(exc, events)
+            if duplicate is None:
+                raise
+            raise duplicate from exc
+
+    def _undo_guarded(self, port: TransactionPort) -> None:
+        """Back to the savepoint of the guarded inserts: the caller's transaction usable."""
+        for statement in self.dialect.enqueue.guard_undo():
+            port.execute(statement, {})
+
+    def duplicate(self, error: Exception, events: Sequence[NewEvent]) -> DuplicateEventId | None:
+        """What to raise for ``error`` in guarded inserts when it is a duplicate id, else None."""
+        enqueue = self.dialect.enqueue
+        given = [e.event_id for e in events if e.id_given]
+        found = enqueue.duplicate_event_id(error, given)
+        if found is None:
+            return None
+        where = f"the outbox table {enqueue.table.fullname!r}"
+        usable = "nothing of this enqueue was written and your transaction is still usable"
+        if found:
+            return DuplicateEventId(
+                f"event_id {found!r} is already in {where}: event ids must be unique (a retried "
+                f"request? an id used twice?); {usable}",
+                (found,),
+            )
+        shown = ", ".join(repr(i) for i in given[:5]) + (", ..." if len(given) > 5 else "")
+        return DuplicateEventId(
+            f"an event_id given ({shown}) is already in {where}: event ids must be unique; "
+            f"{usable}",
+            tuple(given),
+        )
 
     def build_many(
         self, port: TransactionPort, specs: Iterable[Mapping[str, Any]]
@@ -131,14 +243,16 @@ class Producer:
         """Build and check every event of ``enqueue_many`` before anything is written.
 
         An event that cannot be stored raises :class:`EventError` (or
-        ``PayloadError``) naming its position and field.
+        ``PayloadError``, ``InvalidEventId``) naming its position and field;
+        an ``event_id`` given twice raises :class:`DuplicateEventId`.
         """
         built: list[NewEvent] = []
+        given: dict[str, int] = {}
         for i, spec in enumerate(specs):
             if not isinstance(spec, Mapping):
                 raise EventError(
                     f"events[{i}]: each event is a mapping of enqueue's arguments "
-                    f"(topic, payload, key, headers, delay), not {type(spec).__name__}"
+                    f"(topic, payload, key, headers, delay, event_id), not {type(spec).__name__}"
                 )
             unknown = sorted(set(spec) - EVENT_FIELDS)
             missing = sorted({"topic", "payload"} - set(spec))
@@ -147,7 +261,8 @@ class Producer:
                 if missing:
                     problem += ("; " if problem else "") + f"missing {', '.join(missing)}"
                 raise EventError(
-                    f"events[{i}]: {problem} (an event has topic, payload, key, headers, delay)"
+                    f"events[{i}]: {problem} (an event has topic, payload, key, headers, delay, "
+                    "event_id)"
                 )
             try:
                 event = self.event(
@@ -156,10 +271,19 @@ class Producer:
                     key=spec.get("key"),
                     headers=spec.get("headers"),
                     delay=spec.get("delay"),
+                    event_id=spec.get("event_id"),
                 )
                 self.check(port, event)
             except EventError as exc:
                 raise type(exc)(f"events[{i}]: {exc}") from exc
+            if event.id_given:
+                before = given.setdefault(event.event_id, i)
+                if before != i:
+                    raise DuplicateEventId(
+                        f"events[{i}]: event_id {event.event_id!r} was given to events[{before}] "
+                        "too: event ids must be unique; nothing was written",
+                        (event.event_id,),
+                    )
             built.append(event)
         return built
 

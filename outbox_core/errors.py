@@ -24,6 +24,10 @@ class InvalidIdentifier(ConfigurationError):
     """A table or schema name is not a plain SQL identifier."""
 
 
+class AdoptionRefused(ConfigurationError):
+    """A team's table cannot be adopted (``install --columns``) as it is; nothing was changed."""
+
+
 class UnknownDialect(ConfigurationError):
     """The database backend has no dialect strategy; the message lists the known ones."""
 
@@ -42,6 +46,27 @@ class EventError(OutboxError, ValueError):
 
 class PayloadError(EventError, TypeError):
     """The payload or headers cannot be serialised to JSON; the message names the field."""
+
+
+class InvalidEventId(EventError):
+    """The ``event_id`` given to ``enqueue`` is not a UUID; nothing was written."""
+
+
+class DuplicateEventId(EventError):
+    """An ``event_id`` given to ``enqueue`` is already in the outbox table; nothing was written.
+
+    The caller's transaction stays usable: the failed insert was undone on
+    its own (a savepoint). ``event_ids`` holds the id found in the table
+    where the database named it, else every id that call gave.
+    """
+
+    def __init__(self, message: str, event_ids: tuple[str, ...]) -> None:
+        super().__init__(message)
+        #: The duplicate id (or the ids the call gave, when the database did not say which).
+        self.event_ids = event_ids
+
+    def __reduce__(self) -> tuple[type[DuplicateEventId], tuple[str, tuple[str, ...]]]:
+        return (type(self), (str(self), self.event_ids))
 
 
 class TableMissing(OutboxError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from outbox_core.errors import EventError, PayloadError
+from outbox_core.errors import EventError, InvalidEventId, PayloadError
 from outbox_core.jsoncheck import (
     MAX_JSON_DEPTH,
     JsonDefault,
@@ -46,6 +46,7 @@ __all__ = [
     "State",
     "StoredEvent",
     "build_new_event",
+    "check_event_id",
     "check_json",
     "check_portable_topic",
     "dump_json",
@@ -79,6 +80,9 @@ class NewEvent:
     payload_json: str = ""
     #: ``headers`` likewise (None without headers).
     headers_json: str | None = None
+    #: The caller gave ``event_id`` (else the outbox made it): its insert may meet a
+    #: duplicate, so it runs guarded (``Producer``), the generated path unchanged.
+    id_given: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +263,7 @@ def build_new_event(
     delay: float | timedelta | None = None,
     json_default: JsonDefault | None = None,
     portable_topics: bool = True,
+    event_id: uuid.UUID | str | None = None,
 ) -> NewEvent:
     """Validate an event for ``enqueue``; raise :class:`EventError` naming what is wrong.
 
@@ -266,8 +271,10 @@ def build_new_event(
     ``default``); every check then applies to the encoded result, which is
     what the event carries. ``portable_topics`` holds the topic to
     :data:`PORTABLE_TOPIC`; without it any text of up to 255 characters is
-    stored and the broker judges it at publish.
+    stored and the broker judges it at publish. ``event_id`` is the caller's
+    own id (:func:`check_event_id`); None: a new random UUID.
     """
+    given = None if event_id is None else check_event_id(event_id)
     if not isinstance(topic, str) or not topic.strip():
         raise EventError("topic must be a non-empty string")
     if len(topic) > MAX_TOPIC:
@@ -301,7 +308,7 @@ def build_new_event(
             clean_headers[name] = value
     seconds = _delay_seconds(delay)
     return NewEvent(
-        event_id=str(uuid.uuid4()),
+        event_id=str(uuid.uuid4()) if given is None else given,
         topic=topic,
         payload=payload,
         key=key,
@@ -309,6 +316,36 @@ def build_new_event(
         delay_seconds=seconds,
         payload_json=payload_json,
         headers_json=None if clean_headers is None else check_json(clean_headers, "headers"),
+        id_given=given is not None,
+    )
+
+
+#: A UUID as text: 32 hexadecimal digits, hyphenated 8-4-4-4-12 or not, in any case.
+_UUID_TEXT = re.compile(
+    r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}|[0-9A-Fa-f]{32}"
+)
+
+
+def check_event_id(event_id: object) -> str:
+    """The caller's ``event_id`` as the table holds it (lower-case, hyphenated), else an error.
+
+    A :class:`uuid.UUID`, or its text: 32 hexadecimal digits in any case,
+    hyphenated ``8-4-4-4-12`` or not. Anything else (braces, ``urn:uuid:``,
+    spaces, other types) raises :class:`~outbox_core.errors.InvalidEventId`.
+    """
+    if isinstance(event_id, uuid.UUID):
+        return str(event_id)
+    if isinstance(event_id, str) and _UUID_TEXT.fullmatch(event_id):
+        return str(uuid.UUID(event_id))
+    if isinstance(event_id, str):
+        shown = event_id if len(event_id) <= 80 else event_id[:80] + "..."
+        problem = f"{shown!r} is not a UUID"
+    else:
+        problem = f"must be a uuid.UUID or its text, not {type(event_id).__name__}"
+    raise InvalidEventId(
+        f"event_id {problem}: give a uuid.UUID or 32 hexadecimal digits, hyphenated "
+        "8-4-4-4-12 or not (e.g. '0b7c6f2e-5a1d-4c1e-9a57-3f1d2c4b5a69'); it is stored "
+        "and sent lower-case and hyphenated"
     )
 
 

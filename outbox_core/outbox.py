@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,12 +22,14 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.orm import Session
 
 from outbox_core.brokers.base import Broker, create_broker
+from outbox_core.columns import ColumnMap
 from outbox_core.config import DEFAULT_MAX_PAYLOAD, Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.dialects.base.presence import PresenceRow
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.jsoncheck import JsonDefault
+from outbox_core.message import NewEvent
 from outbox_core.partitions import parse
 from outbox_core.ports import async_transaction_port, transaction_port
 from outbox_core.redaction import mask_url
@@ -97,6 +100,9 @@ class Outbox:
     ``mssql+pyodbc://...``, ``sqlite:///file.db``; async URLs are accepted and
     mapped to their sync driver for the relay) or an existing ``Engine``.
     The dialect comes from the URL's backend; ``dialect=`` overrides it.
+    ``columns`` relays a table of the team's own layout as it is
+    (``"event_id=id,key=aggregate_id,topic=event_type"``: see
+    :class:`~outbox_core.columns.ColumnMap`).
     ``json_default`` converts payload values JSON has no type for (``Decimal``,
     ``datetime``, ``UUID``, dataclasses, pydantic models: see
     :func:`outbox_core.encoding.encode_value`); every check applies to the result.
@@ -113,6 +119,7 @@ class Outbox:
         *,
         table: str = "outbox",
         schema: str | None = None,
+        columns: ColumnMap | str | Mapping[str, str] | None = None,
         dialect: str | None = None,
         block_on_dead: bool = True,
         notify: bool = True,
@@ -121,7 +128,7 @@ class Outbox:
         max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD,
         portable_topics: bool = True,
     ) -> None:
-        self.tables = OutboxTables.create(table, schema)
+        self.tables = OutboxTables.create(table, schema, columns=columns)
         #: The outbox's one set of settings: its relays run with them unless
         #: given their own. ``notify`` (PostgreSQL: ``enqueue`` sends NOTIFY in the
         #: caller's transaction, relays LISTEN) can be turned off under very heavy
@@ -129,6 +136,7 @@ class Outbox:
         self.settings = Settings(
             table=table,
             schema=schema,
+            columns=None if self.tables.columns.is_default else self.tables.columns,
             block_on_dead=block_on_dead,
             notify=notify,
             max_payload_bytes=max_payload_bytes,
@@ -223,11 +231,16 @@ class Outbox:
                 )
             )
 
-    def install(self) -> None:
-        """Check the server, then create the outbox and inbox tables if missing."""
+    def install(self, *, existing: str = "pending") -> None:
+        """Check the server, then create the outbox and inbox tables if missing.
+
+        With ``columns`` the table is the team's own: only the toolkit's bookkeeping
+        is added (:meth:`~outbox_core.dialects.base.adoption.Adoption.adopt`), its rows
+        staying pending or, ``existing="sent"``, made sent.
+        """
         with translate_errors("install"), self.engine.connect() as conn:
             self.dialect.check(conn)
-            self.dialect.install(conn)
+            self.dialect.install(conn, existing=existing)
 
     # -- enqueue --------------------------------------------------------------------------
 
@@ -240,6 +253,7 @@ class Outbox:
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None,
+        event_id: uuid.UUID | str | None = None,
     ) -> str:
         """Add an event to the caller's transaction and return its ``event_id``.
 
@@ -250,9 +264,15 @@ class Outbox:
         back with it (this never commits). The payload must be JSON-serialisable: otherwise
         :class:`~outbox_core.errors.PayloadError` names the field and nothing
         is written.
+
+        ``event_id``: the caller's own UUID (default: a new one), every broker's
+        message id; :class:`~outbox_core.errors.InvalidEventId` before any SQL, or
+        :class:`~outbox_core.errors.DuplicateEventId` with the transaction still usable.
         """
         port = transaction_port(conn, "enqueue", self.dialect.name)
-        event = self.producer.event(topic, payload, key=key, headers=headers, delay=delay)
+        event = self.producer.event(
+            topic, payload, key=key, headers=headers, delay=delay, event_id=event_id
+        )
         return self.producer.enqueue(port, event, notify=self.notify)
 
     def enqueue_many(
@@ -261,7 +281,10 @@ class Outbox:
         r"""Add many events to the caller's transaction in a few statements; return their ids.
 
         Each item is a mapping of :meth:`enqueue`'s arguments: ``topic`` and
-        ``payload``, and optionally ``key``, ``headers`` and ``delay``. Events
+        ``payload``, and optionally ``key``, ``headers``, ``delay`` and
+        ``event_id`` (an id given twice in one call raises
+        :class:`~outbox_core.errors.DuplicateEventId` before any SQL; with an
+        id already in the table, none of the events is written). Events
         go in as multi-row ``INSERT``\ s (up to 1,000 rows each), in the
         order given, so each key's events keep that order. Every event is
         checked before anything is written: one that cannot be stored raises
@@ -283,6 +306,7 @@ class Outbox:
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
         delay: float | timedelta | None = None,
+        event_id: uuid.UUID | str | None = None,
     ) -> str:
         """Like :meth:`enqueue`, for an async connection.
 
@@ -295,13 +319,17 @@ class Outbox:
         if _is_sqlalchemy_async(conn):
 
             def enqueue(sync: Connection | Session) -> str:
-                return self.enqueue(sync, topic, payload, key=key, headers=headers, delay=delay)
+                return self.enqueue(
+                    sync, topic, payload, key=key, headers=headers, delay=delay, event_id=event_id
+                )
 
             return str(await conn.run_sync(enqueue))
         port = async_transaction_port(conn, "enqueue_async", self.dialect.name)
-        event = self.producer.event(topic, payload, key=key, headers=headers, delay=delay)
+        event = self.producer.event(
+            topic, payload, key=key, headers=headers, delay=delay, event_id=event_id
+        )
         await self._off_loop_once(lambda: self.producer.enqueue(port, event, notify=self.notify))
-        await port.flush()
+        await self.producer.flush(port, [event])
         return event.event_id
 
     async def enqueue_many_async(
@@ -316,14 +344,14 @@ class Outbox:
             return list(await conn.run_sync(enqueue_many))
         port = async_transaction_port(conn, "enqueue_many_async", self.dialect.name)
 
-        def build() -> list[str]:
+        def build() -> list[NewEvent]:
             built = self.producer.build_many(port, events)
             self.producer.enqueue_many(port, built, notify=self.notify)
-            return [e.event_id for e in built]
+            return built
 
-        ids = await self._off_loop_once(build)
-        await port.flush()
-        return ids
+        built = await self._off_loop_once(build)
+        await self.producer.flush(port, built)
+        return [e.event_id for e in built]
 
     async def _off_loop_once(self, work: Callable[[], T]) -> T:
         """Run ``work`` in a thread until the server's capabilities were read, then inline.

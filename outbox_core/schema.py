@@ -15,8 +15,8 @@ at ``OutboxTables(...).metadata`` for custom names.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -27,23 +27,11 @@ from sqlalchemy.schema import SchemaItem
 from sqlalchemy.sql.compiler import DDLCompiler
 from sqlalchemy.sql.ddl import BaseDDLElement
 
-from outbox_core.errors import InvalidIdentifier
+from outbox_core.columns import ColumnMap
+from outbox_core.identifiers import validate_identifier
 from outbox_core.message import State
 
 DEFAULT_TABLE = "outbox"
-# Long enough for real names, short enough that index names stay under
-# PostgreSQL's 63-character limit.
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
-
-
-def validate_identifier(name: str, what: str = "table name") -> str:
-    """Return ``name`` if it is a plain identifier, else raise :class:`InvalidIdentifier`."""
-    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
-        raise InvalidIdentifier(
-            f"invalid {what} {name!r}: use 1-48 letters, digits or underscores, "
-            "not starting with a digit"
-        )
-    return name
 
 
 def _timestamp() -> sa.types.TypeEngine[datetime]:
@@ -59,32 +47,38 @@ def _json() -> sa.types.TypeEngine[Any]:
     return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
-def _build_outbox(metadata: sa.MetaData, name: str, schema: str | None) -> sa.Table:
+def _build_outbox(
+    metadata: sa.MetaData, name: str, schema: str | None, columns: ColumnMap | None = None
+) -> sa.Table:
+    # ``key=``: Python code names a column by its field, SQL by the table's own name.
+    cols = columns or ColumnMap()
     return sa.Table(
         name,
         metadata,
         # INTEGER PRIMARY KEY on SQLite makes it the rowid (auto-increment).
         sa.Column(
-            "id",
+            cols.id,
             sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            key="id",
             primary_key=True,
             autoincrement=True,
         ),
         sa.Column(
-            "event_id",
+            cols.event_id,
             sa.CHAR(36).with_variant(postgresql.UUID(as_uuid=False), "postgresql"),
+            key="event_id",
             nullable=False,
         ),
-        sa.Column("topic", sa.Unicode(255), nullable=False),
-        sa.Column("key", sa.Unicode(255), nullable=True),
-        sa.Column("payload", _json(), nullable=False),
-        sa.Column("headers", _json(), nullable=True),
+        sa.Column(cols.topic, sa.Unicode(255), key="topic", nullable=False),
+        sa.Column(cols.key, sa.Unicode(255), key="key", nullable=True),
+        sa.Column(cols.payload, _json(), key="payload", nullable=False),
+        sa.Column(cols.headers, _json(), key="headers", nullable=True),
         sa.Column("state", sa.SmallInteger(), nullable=False, server_default=sa.text("0")),
         sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
         sa.Column("available_at", _timestamp(), nullable=False),
         sa.Column("lease_owner", sa.String(64), nullable=True),
         sa.Column("lease_until", _timestamp(), nullable=True),
-        sa.Column("created_at", _timestamp(), nullable=False),
+        sa.Column(cols.created_at, _timestamp(), key="created_at", nullable=False),
         sa.Column("sent_at", _timestamp(), nullable=True),
         sa.Column(
             "last_error",
@@ -139,6 +133,17 @@ def _partial_index(name: str, *columns: sa.Column[Any], where: sa.ColumnElement[
     sa.Index(name, *columns, postgresql_where=where, sqlite_where=where, mssql_where=where).ddl_if(
         callable_=_partial
     )
+
+
+def built_on(index: sa.Index, partial_indexes: bool) -> bool:
+    """``index`` is created on a database with (or without) partial indexes.
+
+    The work indexes come in two sets (:func:`_add_work_indexes`), each
+    created only where its ``ddl_if`` condition holds; other indexes everywhere.
+    """
+    condition = getattr(index, "_ddl_if", None)
+    check = getattr(condition, "callable_", None)
+    return not isinstance(check, _HasPartialIndexes) or check.wanted is partial_indexes
 
 
 def in_state(column: sa.ColumnElement[int], *states: int) -> sa.ColumnElement[bool]:
@@ -303,6 +308,8 @@ class OutboxTables:
     inbox: sa.Table
     relays: sa.Table
     presence: sa.Table
+    #: Which column holds each field (the default: the toolkit's own layout).
+    columns: ColumnMap = field(default_factory=ColumnMap)
 
     @classmethod
     def create(
@@ -310,42 +317,61 @@ class OutboxTables:
         table: str = DEFAULT_TABLE,
         schema: str | None = None,
         metadata: sa.MetaData | None = None,
+        columns: ColumnMap | str | Mapping[str, Any] | None = None,
     ) -> OutboxTables:
-        """Define the tables, validating ``table`` and ``schema`` as identifiers."""
+        """Define the tables, validating ``table``, ``schema`` and ``columns`` as identifiers.
+
+        ``columns`` (:meth:`ColumnMap.parse`) names the columns of an existing
+        table that hold the toolkit's fields.
+        """
         validate_identifier(table, "table name")
         if schema is not None:
             validate_identifier(schema, "schema name")
+        mapping = ColumnMap.parse(columns)
         md = metadata if metadata is not None else sa.MetaData()
-        outbox = _build_outbox(md, table, schema)
+        outbox = _build_outbox(md, table, schema, mapping)
         _add_work_indexes(outbox)
         inbox = _build_inbox(md, f"{table}_inbox", schema)
         relays = _build_relays(md, f"{table}_relays", schema)
         presence = _build_presence(md, f"{table}_presence", schema)
-        return cls(md, outbox, inbox, relays, presence)
+        return cls(md, outbox, inbox, relays, presence, mapping)
+
+    @property
+    def adopted(self) -> bool:
+        """The outbox table is one of the team's own, read through a :class:`ColumnMap`."""
+        return not self.columns.is_default
+
+    @property
+    def companions(self) -> list[sa.Table]:
+        """The inbox, membership and presence tables (always the toolkit's layout)."""
+        return [self.inbox, self.relays, self.presence]
 
     @property
     def all(self) -> list[sa.Table]:
         """The four tables, in the order they are created."""
         return [self.outbox, self.inbox, self.relays, self.presence]
 
-    def create_all(self, bind: sa.Connection | sa.Engine) -> None:
+    def create_all(
+        self, bind: sa.Connection | sa.Engine, tables: list[sa.Table] | None = None
+    ) -> None:
         """Create the tables, their columns and their indexes where they are missing.
 
         Columns and indexes are checked one by one, so ``outbox install``
         also adds a column or an index a newer version introduced to tables
-        created before it.
+        created before it. ``tables``: only these (default: :attr:`all`).
         """
+        chosen = self.all if tables is None else tables
         if isinstance(bind, sa.Engine):
             with bind.begin() as conn:
-                self.create_all(conn)
+                self.create_all(conn, chosen)
             return
-        self.metadata.create_all(bind, tables=self.all, checkfirst=True)
+        self.metadata.create_all(bind, tables=chosen, checkfirst=True)
         inspector = sa.inspect(bind)
-        for table in self.all:
+        for table in chosen:
             present = {c["name"].lower() for c in inspector.get_columns(table.name, table.schema)}
             for column in missing_columns(table, present):
                 bind.execute(AddColumn(table, column))
-        for table in self.all:
+        for table in chosen:
             for index in sorted(table.indexes, key=lambda i: str(i.name)):
                 # ddl_if (the partial pending index) is honoured by create().
                 index.create(bind, checkfirst=True)

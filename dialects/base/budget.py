@@ -56,7 +56,7 @@ def within_budget(
     """The rows of ``rows`` (``id``, ``o_bytes`` and ``columns``) the budget lets a claim take."""
     kept = [rows.c.id, *(rows.c[name] for name in columns)]
     ranked = sa.select(*kept, bytes_before(rows).label("o_before")).subquery("within")
-    return sa.select(*(ranked.c[c.name] for c in kept)).where(ranked.c.o_before < budget)
+    return sa.select(*(ranked.c[c.key] for c in kept)).where(ranked.c.o_before < budget)
 
 
 def take_within(rows: Iterable[T], size: Callable[[T], int], max_bytes: int | None) -> list[T]:

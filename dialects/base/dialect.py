@@ -17,9 +17,9 @@ database can store), ``enqueue`` (the producer's statements and wake-ups),
 ``inbox`` (the idempotent consumer's statements), ``reads`` (named reads for
 status, the doctor and migrate), ``keys`` (the ordered claim's walk over
 keys), ``partitions`` (the membership table and partitioned ordered claims),
-``presence`` (a row per running relay) and ``settle`` (the settling writes
-above). The statement-building parts receive the few operations of the
-dialect they build on
+``presence`` (a row per running relay), ``settle`` (the settling writes
+above) and ``adoption`` (a team's own table made an outbox). The
+statement-building parts receive the few operations of the dialect they build on
 (:class:`~outbox_core.dialects.base.primitives.SqlPrimitives`), not the
 dialect. Test provisioning and doctor checks sit beside each family's
 dialect, in its ``provision`` and ``doctor`` modules.
@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from outbox_core.dialects.base.adoption import Adoption
 from outbox_core.dialects.base.console import ConsoleReads
 from outbox_core.dialects.base.enqueue import EnqueueStatements
 from outbox_core.dialects.base.inbox import InboxStatements
@@ -49,6 +50,7 @@ from outbox_core.dialects.base.session import SessionSetup
 from outbox_core.dialects.base.settle import SettleStatements
 from outbox_core.dialects.base.storage import StorageRules
 from outbox_core.dialects.base.values import ACTIVE_STATES, ServerInfo, chunked
+from outbox_core.errors import ConfigurationError
 from outbox_core.message import Event, Failure, State
 from outbox_core.schema import OutboxTables, detached_index, in_state, obsolete_indexes
 
@@ -67,6 +69,7 @@ class Parts:
     settle: type[SettleStatements] = SettleStatements
     console: type[ConsoleReads] = ConsoleReads
     presence: type[PresenceStatements] = PresenceStatements
+    adoption: type[Adoption] = Adoption
 
 
 class Dialect(ABC):
@@ -110,6 +113,7 @@ class Dialect(ABC):
         self.settle = parts.settle(sql)
         self.console = parts.console(sql)
         self.presence = parts.presence(sql)
+        self.adoption = parts.adoption(sql)
         self._claims: dict[tuple[int, float, bool], sa.Executable] = {}
 
     def primitives(self) -> SqlPrimitives:
@@ -192,9 +196,20 @@ class Dialect(ABC):
         nothing more.
         """
 
-    def install(self, conn: Connection) -> None:
-        """Create the tables (idempotent) and apply database settings the outbox needs."""
+    def install(self, conn: Connection, *, existing: str = "pending") -> None:
+        """Create the tables (idempotent) and apply database settings the outbox needs.
+
+        An adopted table (``OutboxTables.columns``) must exist and gets only the
+        toolkit's bookkeeping (:meth:`Adoption.adopt`).
+        """
+        if self.tables.adopted:
+            self.adoption.adopt(conn, existing=existing, partial_indexes=self.partial_indexes)
+            return
+        if existing != "pending":
+            raise ConfigurationError("existing applies to a table adopted with columns")
         with self.transaction(conn):
+            # Inside the transaction: nothing is created over a table of another layout.
+            self.adoption.refuse_another_layout(conn)
             self.tables.create_all(conn)
             self.drop_obsolete_indexes(conn)
 

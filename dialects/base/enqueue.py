@@ -13,6 +13,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.expression import (
+    ReleaseSavepointClause,
+    RollbackToSavepointClause,
+    SavepointClause,
+)
 
 from outbox_core.dialects.base.primitives import SqlPrimitives
 from outbox_core.dialects.base.storage import StorageRules
@@ -161,6 +166,64 @@ class EnqueueStatements:
             assert stmt is not None
             yield stmt, run
 
+    # -- the caller's own event ids ----------------------------------------------------------
+    #
+    # An event whose id the caller gave may meet a row that already holds it.
+    # Its insert runs inside a savepoint of the caller's transaction, so that
+    # a duplicate (which aborts a whole transaction on PostgreSQL, and which
+    # a multi-statement enqueue_many would leave half written anywhere) is
+    # undone alone. Generated ids (nearly all events) never go through here.
+
+    #: The name of the savepoint the guarded inserts run in.
+    SAVEPOINT = "outbox_event_id"
+
+    def guard_begin(self) -> list[sa.Executable]:
+        """Run before the guarded inserts: the savepoint (and whatever it needs first)."""
+        return [SavepointClause(self.SAVEPOINT)]  # type: ignore[no-untyped-call]
+
+    def guard_end(self) -> list[sa.Executable]:
+        """Run after the guarded inserts succeeded: the savepoint released."""
+        return [ReleaseSavepointClause(self.SAVEPOINT)]  # type: ignore[no-untyped-call]
+
+    def guard_undo(self) -> list[sa.Executable]:
+        """Run after a guarded insert failed: back to the savepoint (the transaction usable)."""
+        undo = RollbackToSavepointClause(self.SAVEPOINT)  # type: ignore[no-untyped-call]
+        return [undo, *self.guard_end()]
+
+    def duplicate_event_id(self, error: BaseException, event_ids: Sequence[str]) -> str | None:
+        """Whether ``error`` is a guarded insert meeting an ``event_id`` already in the table.
+
+        Returns the id the database named (one of ``event_ids``), ``""`` for a
+        duplicate whose id it did not name, ``None`` for any other error.
+        ``error`` is the driver's own or SQLAlchemy's wrapper of it. A
+        unique violation counts when its text (with the server's detail)
+        names the event id column's unique index or holds one of the ids:
+        no other column holds a UUID the caller gave.
+        """
+        text = error_text(error).lower()
+        if "duplicate" not in text and "unique" not in text:
+            return None
+        for event_id in event_ids:
+            if event_id in text:
+                return event_id
+        if any(name in text for name in self.event_id_index_names()):
+            return ""
+        return None
+
+    def event_id_index_names(self) -> list[str]:
+        """How errors name the unique index on ``event_id`` (lower-case).
+
+        The index's name, and ``table.column`` (SQLite's ``UNIQUE constraint
+        failed: outbox.event_id``).
+        """
+        column = self.table.c.event_id
+        names = [
+            str(index.name).lower()
+            for index in self.table.indexes
+            if index.unique and list(index.columns) == [column] and index.name
+        ]
+        return [*names, f"{self.table.name}.{column.name}".lower()]
+
     def notify_channel(self) -> str:
         """The channel relays of this table listen on (databases with NOTIFY)."""
         t = self.table
@@ -177,3 +240,35 @@ class EnqueueStatements:
     def listener(self, engine: Engine) -> Listener | None:
         """A connection that waits for :meth:`notify_statement` wake-ups (None: poll)."""
         return None
+
+
+def error_text(error: BaseException) -> str:
+    """The text of the driver's error under ``error``, with the server's detail.
+
+    asyncpg and psycopg keep the server's ``DETAIL`` line (PostgreSQL's
+    ``Key (event_id)=(...) already exists``) beside the message.
+    """
+    parts: list[str] = []
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        exc = stack.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        orig = getattr(exc, "orig", None)
+        if not isinstance(orig, BaseException):
+            # SQLAlchemy's wrapper is left out: its text holds the statement's
+            # parameters, every id of the batch.
+            parts.append(str(exc))
+        for name in ("detail", "constraint_name"):
+            value = getattr(exc, name, None)
+            if isinstance(value, str):
+                parts.append(value)
+        diag = getattr(exc, "diag", None)
+        for name in ("message_detail", "constraint_name"):
+            value = getattr(diag, name, None)
+            if isinstance(value, str):
+                parts.append(value)
+        stack += [orig if isinstance(orig, BaseException) else None, exc.__cause__]
+    return "\n".join(parts)

@@ -75,7 +75,9 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import KeyWalk, Parts, ReturningDialect, ServerInfo
 from outbox_core.dialects.base.budget import SIZE, Claimed, budget_param, bytes_before
+from outbox_core.dialects.mssql.adoption import MssqlAdoption
 from outbox_core.dialects.mssql.console import MssqlConsole
+from outbox_core.dialects.mssql.enqueue import MssqlEnqueue
 from outbox_core.dialects.mssql.inbox import MssqlInbox
 from outbox_core.dialects.mssql.partitioned import MssqlPartitions
 from outbox_core.dialects.mssql.session import FILTERED_INDEX_OPTIONS, MssqlSession
@@ -118,10 +120,12 @@ class MssqlDialect(ReturningDialect):
     parts: ClassVar[Parts] = Parts(
         session=MssqlSession,
         storage=MssqlStorage,
+        enqueue=MssqlEnqueue,
         inbox=MssqlInbox,
         keys=MssqlKeyWalk,
         partitions=MssqlPartitions,
         console=MssqlConsole,
+        adoption=MssqlAdoption,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:
@@ -174,13 +178,13 @@ class MssqlDialect(ReturningDialect):
                 "WITH ROLLBACK IMMEDIATE"
             )
 
-    def install(self, conn: Connection) -> None:
+    def install(self, conn: Connection, *, existing: str = "pending") -> None:
         """Create the tables, then turn lock escalation off for the outbox table.
 
         The ALTER runs only when the setting differs: it takes a schema lock,
         which would queue behind (and then ahead of) every relay and producer.
         """
-        super().install(conn)
+        super().install(conn, existing=existing)
         with self.transaction(conn):
             if lock_escalation(conn, self.table) != "DISABLE":
                 conn.execute(self.disable_lock_escalation())
@@ -272,7 +276,7 @@ class MssqlDialect(ReturningDialect):
         # The columns the lease sets, and the bytes before each row.
         leased = [t.c.id, t.c.attempts, t.c.state, t.c.lease_owner, t.c.lease_until]
         before = sa.select(
-            *(picked.c[col.name] for col in leased), bytes_before(picked).label("o_before")
+            *(picked.c[col.key] for col in leased), bytes_before(picked).label("o_before")
         ).cte("b")
         b = sa.table("b", *(sa.column(col.name, col.type) for col in leased), sa.column("o_before"))
         lease_it = self.lease_values(lease=lease, token=token, target=b)

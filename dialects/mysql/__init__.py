@@ -21,6 +21,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from outbox_core.dialects.base import Dialect, KeyWalk, Parts, ServerInfo, version_prefix
 from outbox_core.dialects.base.budget import SIZE, UNBOUNDED, Claimed, take_within
+from outbox_core.dialects.mysql.adoption import MysqlAdoption
 from outbox_core.dialects.mysql.console import MysqlConsole
 from outbox_core.dialects.mysql.inbox import MysqlInbox
 from outbox_core.dialects.mysql.partitioned import MysqlPartitions
@@ -67,6 +68,7 @@ class MysqlDialect(Dialect):
         keys=MysqlKeyWalk,
         partitions=MysqlPartitions,
         console=MysqlConsole,
+        adoption=MysqlAdoption,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:

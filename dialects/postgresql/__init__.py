@@ -25,6 +25,7 @@ from outbox_core.dialects.base import (
     version_prefix,
 )
 from outbox_core.dialects.base.budget import SIZE, budget_param, within_budget
+from outbox_core.dialects.postgresql.adoption import PostgresqlAdoption
 from outbox_core.dialects.postgresql.console import PostgresqlConsole
 from outbox_core.dialects.postgresql.enqueue import PostgresqlEnqueue
 from outbox_core.dialects.postgresql.inbox import PostgresqlInbox
@@ -95,6 +96,7 @@ class PostgresqlDialect(ReturningDialect):
         keys=PostgresqlKeyWalk,
         partitions=PostgresqlPartitions,
         console=PostgresqlConsole,
+        adoption=PostgresqlAdoption,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:
@@ -147,7 +149,7 @@ class PostgresqlDialect(ReturningDialect):
         """
         columns = super().claim_columns(o)
         for i in (1, 4, 5):
-            columns[i] = sa.cast(columns[i], sa.Text).label(columns[i].name)
+            columns[i] = sa.cast(columns[i], sa.Text).label(columns[i].key)
         return columns
 
     def to_event(self, row: Sequence[Any], token: str, attempts_offset: int = 0) -> Event:
@@ -168,7 +170,8 @@ class PostgresqlDialect(ReturningDialect):
             row[6] + attempts_offset,  # attempts
             row[7],  # created_at
             token,
-            row[4],  # payload_json
+            # SQL NULL (an adopted table's payload may allow it) reads as JSON null.
+            "null" if row[4] is None else row[4],  # payload_json
         )
 
     def id_in_bound(self) -> sa.ColumnElement[bool]:

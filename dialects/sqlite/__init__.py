@@ -18,7 +18,9 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Parts, ReturningDialect, ServerInfo
 from outbox_core.dialects.base.budget import SIZE, budget_param, within_budget
+from outbox_core.dialects.sqlite.adoption import SqliteAdoption
 from outbox_core.dialects.sqlite.console import SqliteConsole
+from outbox_core.dialects.sqlite.enqueue import SqliteEnqueue
 from outbox_core.dialects.sqlite.inbox import SqliteInbox
 from outbox_core.dialects.sqlite.session import SqliteSession
 from outbox_core.dialects.sqlite.storage import SqliteStorage
@@ -39,7 +41,12 @@ class SqliteDialect(ReturningDialect):
     )
     app_clock: ClassVar[bool] = True
     parts: ClassVar[Parts] = Parts(
-        session=SqliteSession, storage=SqliteStorage, inbox=SqliteInbox, console=SqliteConsole
+        session=SqliteSession,
+        storage=SqliteStorage,
+        enqueue=SqliteEnqueue,
+        inbox=SqliteInbox,
+        console=SqliteConsole,
+        adoption=SqliteAdoption,
     )
 
     def now(self) -> sa.ColumnElement[datetime]:
@@ -74,14 +81,14 @@ class SqliteDialect(ReturningDialect):
             )
         )
 
-    def install(self, conn: Connection) -> None:
+    def install(self, conn: Connection, *, existing: str = "pending") -> None:
         """Create the tables and switch a file database to WAL (persistent)."""
         if conn.in_transaction():
             conn.commit()
         if self.session.shared_by_processes(conn.engine.url):
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             conn.commit()
-        super().install(conn)
+        super().install(conn, existing=existing)
 
     def claim_statement(
         self,

@@ -30,6 +30,7 @@ from outbox_core.cli.wal import (
     wal_status,
     with_log_tailing,
 )
+from outbox_core.dialects.base.adoption import EXISTING_ROWS
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import format_duration
 from outbox_core.redaction import mask_url
@@ -39,19 +40,32 @@ from outbox_core.schema import OutboxTables
 @click.command()
 @db_options
 @source_options
+@click.option(
+    "--existing",
+    type=click.Choice(EXISTING_ROWS),
+    default="pending",
+    show_default=True,
+    help="With --columns: the rows already in the table are still to publish, or "
+    "were published (by the tool the table comes from, still running until now).",
+)
 @handle_errors
-def install(config_file: str | None, **values: Any) -> None:
+def install(config_file: str | None, existing: str, **values: Any) -> None:
     """Create the outbox tables if they are missing (idempotent).
 
+    ``--columns`` adopts an existing table of another layout: only the
+    toolkit's bookkeeping columns (with defaults, so the table's own INSERTs
+    keep working) and indexes are added, all or nothing, after checking it.
     ``--source wal`` (PostgreSQL, ``wal_level = logical``, a role with
     REPLICATION) also creates the publication and the replication slot.
     """
     settings = settings_from(config_file, **values)
+    if existing != "pending" and settings.columns is None:
+        raise ConfigurationError("--existing applies to a table adopted with --columns")
     outbox = open_outbox(settings)
     where = mask_url(outbox.url)
     if settings.source == "wal":
         check_wal(outbox)  # refused before the table is made
-    outbox.install()
+    outbox.install(existing=existing)
     click.echo(f"outbox table {outbox.table.fullname!r} ready on {where}")
     if settings.source == "wal":
         slot, publication, made_slot, made_publication = install_wal(outbox, settings)

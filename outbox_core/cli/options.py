@@ -119,6 +119,12 @@ def db_options(func: F) -> F:
         click.option("--table", help="Outbox table name [default: outbox]."),
         click.option("--schema", "schema", help="Database schema of the table."),
         click.option(
+            "--columns",
+            type=SettingValue("columns", "FIELD=COLUMN,..."),
+            help="Columns of an existing table holding the toolkit's fields "
+            "(event_id=id,key=aggregate_id,topic=event_type) [env OUTBOX_COLUMNS].",
+        ),
+        click.option(
             "--dialect", type=click.Choice(DIALECT_NAMES), help="Override the dialect of the URL."
         ),
         click.option(
@@ -148,6 +154,7 @@ def open_outbox(settings: Settings) -> Outbox:
         settings.database_url,
         table=settings.table,
         schema=settings.schema,
+        columns=settings.columns,
         dialect=settings.dialect,
         block_on_dead=settings.block_on_dead,
         notify=settings.notify,

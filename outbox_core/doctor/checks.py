@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.schema import AddConstraint, CreateIndex, DropIndex
 
+from outbox_core.dialects.base.adoption import guess_columns
 from outbox_core.doctor.family import Check, family_doctor
 from outbox_core.doctor.model import (
     DEAD_TUPLE_RATIO,
@@ -27,7 +28,7 @@ from outbox_core.doctor.model import (
     error_text,
     format_age,
 )
-from outbox_core.errors import OutboxError, UnsupportedDatabase
+from outbox_core.errors import AdoptionRefused, OutboxError, UnsupportedDatabase
 from outbox_core.redaction import mask_url
 from outbox_core.schema import detached_index, missing_columns, obsolete_indexes
 
@@ -182,6 +183,33 @@ def _check_tables(ctx: DoctorContext) -> Iterable[Finding]:
 
 def _missing_columns(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[Finding]:
     table = ctx.outbox.tables.outbox
+    dialect = ctx.outbox.dialect
+    if ctx.outbox.tables.adopted:
+        yield from _adoption(ctx)
+        return
+    foreign = dialect.adoption.foreign_columns(ctx.conn)
+    if foreign:
+        # Another layout (Debezium's, say): plain `install` would fail; the
+        # checks that read the table would fail on its columns too.
+        ctx.present.discard("outbox")
+        guess = guess_columns(dialect.adoption.present_columns(ctx.conn))
+        yield Finding(
+            "tables",
+            Severity.ERROR,
+            f"the table {table.fullname} is in another layout (no column(s) "
+            f"{', '.join(foreign)}): relay it as it is by naming its columns with --columns "
+            "(on every outbox command, or columns in outbox.toml)"
+            + ("" if guess is not None else ": its event id, topic and payload columns"),
+            fix=(
+                f"{ctx.install_command()} --columns {guess}  (adds only the toolkit's "
+                "bookkeeping columns; add --existing sent if every row was published already)"
+                if guess is not None
+                else f"{ctx.install_command()} --columns event_id=COLUMN,topic=COLUMN,"
+                "payload=COLUMN,key=COLUMN"
+            ),
+            details={"missing_columns": foreign, "columns": str(guess) if guess else None},
+        )
+        return
     present = {c["name"].lower() for c in inspector.get_columns(table.name, schema=table.schema)}
     missing = [c.name for c in missing_columns(table, present)]
     if missing:
@@ -192,6 +220,42 @@ def _missing_columns(ctx: DoctorContext, inspector: sa.Inspector) -> Iterable[Fi
             "this version writes: enqueue fails until they are added",
             fix=f"{ctx.install_command()}  (adds the missing columns; existing rows stay)",
             details={"missing_columns": missing},
+        )
+
+
+def _adoption(ctx: DoctorContext) -> Iterable[Finding]:
+    """An adopted table (``--columns``): what ``install`` would still add, or why it cannot."""
+    dialect = ctx.outbox.dialect
+    table = ctx.outbox.tables.outbox
+    try:
+        plan = dialect.adoption.plan(ctx.conn, partial_indexes=dialect.partial_indexes)
+    except AdoptionRefused as exc:
+        ctx.present.discard("outbox")
+        yield Finding("tables", Severity.ERROR, str(exc), fix="fix the table, or --columns")
+        return
+    added = [name for name, _ in plan.columns]
+    if added:
+        ctx.present.discard("outbox")
+        yield Finding(
+            "tables",
+            Severity.ERROR,
+            f"the table {table.fullname} ({ctx.outbox.tables.columns}) lacks the toolkit's "
+            f"bookkeeping column(s) {', '.join(added)}: relays cannot claim its rows",
+            fix=f"{ctx.install_command()}  (adds only those, with defaults; existing rows stay)",
+            details={"missing_columns": added},
+        )
+        return
+    unfilled = dialect.adoption.unfilled_columns(ctx.conn)
+    if unfilled:
+        yield Finding(
+            "tables",
+            Severity.WARNING,
+            f"the table {table.fullname} has NOT NULL column(s) {', '.join(unfilled)} without "
+            "a default: your INSERTs fill them, but enqueue() cannot, nor can log tailing "
+            "write back a row you deleted in its own transaction (a retry or a dead event)",
+            fix=f"give them defaults (ALTER TABLE {table.name} ALTER ... SET DEFAULT ...) or "
+            "allow NULL, or keep writing with your own INSERTs and keep the rows",
+            details={"unfilled_columns": unfilled},
         )
 
 
@@ -276,6 +340,11 @@ def _check_indexes(ctx: DoctorContext) -> Iterable[Finding]:
             )
             for ix in reflected
         ]
+        # A primary key is a unique index too (an adopted table's event id is often its key).
+        key_columns = inspector.get_pk_constraint(table.name, schema=table.schema)
+        found.append(
+            (tuple(str(c).lower() for c in key_columns.get("constrained_columns") or []), True)
+        )
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             name = str(index.name)
             if name not in wanted or name in names:

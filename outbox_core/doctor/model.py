@@ -111,6 +111,8 @@ class DoctorContext:
         args += f" --table {table.name}"
         if table.schema:
             args += f" --schema {table.schema}"
+        if outbox.tables.adopted:
+            args += f" --columns {outbox.tables.columns}"
         return args
 
 

@@ -121,7 +121,9 @@ def test_install_runs_the_alter_after_creating_the_tables_when_needed(
 ) -> None:
     d = make()
     created: list[str] = []
-    monkeypatch.setattr(type(d).__mro__[1], "install", lambda self, conn: created.append("tables"))
+    monkeypatch.setattr(
+        type(d).__mro__[1], "install", lambda self, conn, **_: created.append("tables")
+    )
     recorder = Recorder([("TABLE",)])
     conn: Any = recorder
     d.install(conn)

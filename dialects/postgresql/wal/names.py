@@ -8,8 +8,8 @@ import sqlalchemy as sa
 
 from outbox_core.config import Settings
 from outbox_core.errors import ConfigurationError
+from outbox_core.identifiers import validate_identifier
 from outbox_core.redaction import redact
-from outbox_core.schema import validate_identifier
 
 #: The publication of ``outbox install --source wal``: inserts, and updates for replays.
 PUBLISH = ("insert", "update")

@@ -65,8 +65,8 @@ from outbox_core.dialects.postgresql.wal.pgoutput import (
 )
 from outbox_core.dialects.postgresql.wal.rows import StreamStart, WalRow, WalTransaction
 from outbox_core.errors import ConfigurationError
+from outbox_core.identifiers import validate_identifier
 from outbox_core.redaction import redact
-from outbox_core.schema import validate_identifier
 
 
 @dataclass
