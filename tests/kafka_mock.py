@@ -335,3 +335,70 @@ def read_all(
         return records
     finally:
         consumer.close()
+
+
+def create_compacted_topic(cluster: Cluster, topic: str, partitions: int = 4) -> None:
+    """Create ``topic`` with ``cleanup.policy=compact``.
+
+    On a real Kafka the topic is compacted (and refuses keyless records). The mock
+    cluster keeps no topic configuration: there it is an ordinary topic, which
+    serves a tombstone (a record with a null value) as Kafka does.
+    """
+    if isinstance(cluster, RealCluster):
+        [future] = cluster.admin.create_topics(
+            [
+                NewTopic(
+                    topic,
+                    num_partitions=partitions,
+                    replication_factor=1,
+                    config={"cleanup.policy": "compact"},
+                )
+            ]
+        ).values()
+        future.result()
+        return
+    cluster.create_topic(topic, partitions=partitions)
+
+
+def consume(
+    bootstrap: str, topics: Sequence[str], count: int, timeout: float = 30
+) -> list[confluent_kafka.Message]:
+    """The first ``count`` records of ``topics`` as a consumer group reads them.
+
+    A subscribed confluent-kafka Consumer of a group of its own, from the earliest
+    offset, as a service rebuilding its state from a compacted topic does. Fails when
+    fewer than ``count`` records come within ``timeout`` seconds.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"outbox-test-{os.getpid()}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    messages: list[confluent_kafka.Message] = []
+    try:
+        consumer.subscribe(list(topics))
+        deadline = time.monotonic() + timeout
+        while len(messages) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                messages.append(message)
+    finally:
+        consumer.close()
+    if len(messages) < count:
+        raise AssertionError(f"{len(messages)} of {count} records read from {list(topics)}")
+    return messages
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """The partition Java's producer (Kafka Connect, Debezium) picks for ``key``.
+
+    ``Utils.toPositive(Utils.murmur2(key)) % partitions``, with kafka-python's port of
+    ``Utils.murmur2`` as the reference (an implementation librdkafka does not share).
+    """
+    from kafka.partitioner.default import murmur2
+
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions

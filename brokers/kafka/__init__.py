@@ -28,8 +28,8 @@ Outcomes, from the topic check, the delivery reports and ``produce()``:
 * a record Kafka will never take -> ``reject``: too large
   (``message.max.bytes``, 1,000,000 bytes by default, checked by librdkafka
   before sending; the broker's own limit), an invalid topic name (checked
-  before producing), topic authorisation refused, a record or policy the
-  broker refuses;
+  before producing), a tombstone without a key (``tombstones=true``), topic
+  authorisation refused, a record or policy the broker refuses;
 * a missing topic (not created: auto-creation off, or ``create_topics``
   refused) -> ``retry``, at once: the operator may create it, and the
   event's later attempts find it; with a fixed ``topic``, where no event
@@ -52,18 +52,23 @@ batch's undelivered records ``retry`` and replaces the producer.
 
 Options (keyword arguments of :meth:`KafkaBroker.from_url`; strings are
 accepted so ``--broker-option key=value`` works): ``topic`` (a fixed topic or
-a template with ``{topic}``), ``envelope`` (``plain``, ``cloudevents``,
-``cloudevents-binary``), ``source`` (CloudEvents source, ``outbox``),
-``shape`` (``outbox``; ``debezium``: the Debezium outbox event router's
-message: header ``id``, topic ``outbox.event.{topic}``), ``delivery_timeout``
-(30 s, librdkafka's ``message.timeout.ms``), ``connect_timeout`` (5 s: a
-probe's metadata request, a connection's set-up), ``create_topics``,
-``topic_partitions``, ``topic_replication`` (above). Any librdkafka
-property (a name with a dot, or ``acks``, ``partitioner``, ``debug``,
-``retries``) passes through: ``security.protocol``, ``sasl.mechanism``,
-``sasl.username``, ``sasl.password``, ``ssl.ca.location``,
-``message.max.bytes``, ``linger.ms``, ``compression.type``... Secret values
-(passwords, keys, tokens) are masked in every message.
+a template with ``{topic}``, or Debezium's ``${routedByValue}``), ``envelope``
+(``plain``, ``cloudevents``, ``cloudevents-binary``), ``source`` (CloudEvents
+source, ``outbox``), ``shape`` (``outbox``; ``debezium``: the Debezium outbox
+event router's message: header ``id``, topic ``outbox.event.{topic}``),
+``key_format`` (``string``; ``json``: the key as Kafka Connect's JsonConverter
+writes it, ``"order-42"`` with the quotes), ``tombstones`` (false; true: a
+payload of JSON ``null`` is produced as a tombstone, value null, key and
+headers kept; a keyless one is rejected; refused with ``envelope=cloudevents``,
+whose document is the value), ``delivery_timeout`` (30 s, librdkafka's
+``message.timeout.ms``), ``connect_timeout`` (5 s: a probe's metadata request,
+a connection's set-up), ``create_topics``, ``topic_partitions``,
+``topic_replication`` (above). Any librdkafka property (a name with a dot, or
+``acks``, ``partitioner``, ``debug``, ``retries``) passes through:
+``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
+``sasl.password``, ``ssl.ca.location``, ``message.max.bytes``, ``linger.ms``,
+``compression.type``... Secret values (passwords, keys, tokens) are masked in
+every message.
 
 Refused when the broker is created (:class:`~outbox_core.errors.ConfigurationError`
 naming the property and why), because the relay cannot keep its promises

@@ -34,6 +34,12 @@ MAX_TOPIC_LENGTH: Final = 249
 #: The Debezium outbox event router's default ``route.topic.replacement``
 #: (``outbox.event.${routedByValue}``), with the event's topic as the routed value.
 DEBEZIUM_TOPIC: Final = "outbox.event.{topic}"
+#: Debezium's spelling of the routed value in ``route.topic.replacement``: in a
+#: ``topic`` template it means ``{topic}`` (the event's topic).
+ROUTED_BY_VALUE: Final = "${routedByValue}"
+#: A ``${name}`` placeholder in a ``topic`` template (only ``${routedByValue}`` is known).
+_DOLLAR_PLACEHOLDER: Final = re.compile(r"\$\{[^}]*\}?")
+_PLACEHOLDERS: Final = "{topic} or ${routedByValue} (both: the event's topic)"
 
 #: librdkafka properties without a dot in their name that may be passed through.
 DOTLESS_PROPERTIES: Final = frozenset({"acks", "partitioner", "debug", "retries"})
@@ -88,6 +94,7 @@ _SECRET: Final = re.compile(r"password|secret|jaas|token|\.pem$|key\.pem", re.IG
 
 Envelope = Literal["plain", "cloudevents", "cloudevents-binary"]
 Shape = Literal["outbox", "debezium"]
+KeyFormat = Literal["string", "json"]
 ENVELOPES: Final = get_args(Envelope)
 SHAPES: Final = get_args(Shape)
 
@@ -108,17 +115,31 @@ def check_topic_name(name: str) -> str:
     return name
 
 
-def _check_topic(value: Any, name: str = "topic") -> str:
-    template = str(value)
-    try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-        if fields - {"topic"}:
+def as_format_template(template: str) -> str:
+    """``template`` with Debezium's ``${routedByValue}`` spelt ``{topic}``.
+
+    :class:`ConfigurationError` for any other ``${...}``, naming the accepted placeholders.
+    """
+    for match in _DOLLAR_PLACEHOLDER.finditer(template):
+        if match.group(0) != ROUTED_BY_VALUE:
             raise ConfigurationError(
-                f"topic {template!r}: only {{topic}} may appear in it (the event's topic)"
+                f"topic {template!r}: {match.group(0)} is not a placeholder the relay knows; "
+                f"only {_PLACEHOLDERS} may appear in it"
             )
-        sample = template.format(topic="t")
+    return template.replace(ROUTED_BY_VALUE, "{topic}")
+
+
+def _check_topic(value: Any, name: str = "topic") -> str:
+    """The ``topic`` option as given, once its template is known to make valid names."""
+    template = str(value)
+    formatted = as_format_template(template)
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(formatted) if f is not None}
+        sample = formatted.format(topic="t") if fields <= {"topic"} else None
     except (ValueError, IndexError, KeyError) as exc:
         raise ConfigurationError(f"topic {template!r} is not a valid template: {exc}") from None
+    if sample is None:
+        raise ConfigurationError(f"topic {template!r}: only {_PLACEHOLDERS} may appear in it")
     try:
         check_topic_name(sample)
     except ValueError as exc:
@@ -135,8 +156,9 @@ class KafkaOptions:
     """
 
     #: The Kafka topic: a fixed name, or a template with ``{topic}`` (the event's topic)
-    #: such as ``orders.{topic}``; None: the event's topic (``outbox.event.{topic}``
-    #: with ``shape=debezium``). A name Kafka refuses makes the event rejected.
+    #: such as ``orders.{topic}``, or Debezium's spelling ``events.${routedByValue}``
+    #: (the same); None: the event's topic (``outbox.event.{topic}`` with
+    #: ``shape=debezium``). A name Kafka refuses makes the event rejected.
     topic: str | None = setting(None, convert=_check_topic)
     #: The record's value: ``plain`` (the payload's JSON), ``cloudevents`` (the
     #: CloudEvents JSON document) or ``cloudevents-binary`` (the payload, ``ce_`` headers).
@@ -145,8 +167,19 @@ class KafkaOptions:
     #: by the ``cloudevents`` envelopes only.
     source: str = setting(cloudevents.DEFAULT_SOURCE, convert=cloudevents_source)
     #: ``outbox``: the event id in header ``event_id``; ``debezium``: the records
-    #: Debezium's outbox event router writes (header ``id``, topic ``outbox.event.<topic>``).
+    #: Debezium's outbox event router writes (header ``id``, topic ``outbox.event.<topic>``
+    #: unless ``topic`` is set).
     shape: Shape = "outbox"
+    #: The record key's bytes: ``string`` (the key in UTF-8, as Kafka's StringSerializer
+    #: and Kafka Connect's StringConverter write it) or ``json`` (the key as a JSON string,
+    #: quotes included, as Kafka Connect's JsonConverter with ``schemas.enable=false``
+    #: writes it). The partition is the murmur2 hash of these bytes.
+    key_format: KeyFormat = "string"
+    #: An event whose payload is JSON ``null`` becomes a tombstone (record value null, key
+    #: and headers kept), by which a compacted topic removes its key; off: the value is the
+    #: JSON ``null``. Such an event without a key is rejected. Refused with
+    #: ``envelope=cloudevents`` (the CloudEvent is the value a tombstone leaves out).
+    tombstones: bool = False
     #: Seconds (or ``30s``) librdkafka may spend delivering a record, retries included
     #: (``message.timeout.ms``); a batch with nothing delivered by then is unavailable.
     delivery_timeout: float = setting(30.0, positive=True)
@@ -174,6 +207,14 @@ class KafkaOptions:
                 raise ConfigurationError(
                     f"{name} applies only to topics the relay creates: set create_topics=true"
                 )
+        if self.tombstones and self.envelope == "cloudevents":
+            # A tombstone's value is null: there is no document to carry the event's
+            # attributes (binary mode keeps them in the ce_ headers).
+            raise ConfigurationError(
+                "tombstones=true cannot be combined with envelope=cloudevents: a structured "
+                "CloudEvent is the record's value, which a tombstone leaves null; use "
+                "envelope=cloudevents-binary (the attributes travel as ce_ headers)"
+            )
 
     @property
     def fixed_topic(self) -> str | None:
@@ -184,7 +225,7 @@ class KafkaOptions:
     def topic_template(self) -> str:
         """The template the Kafka topic is made from (``{topic}``: the event's)."""
         if self.topic is not None:
-            return self.topic
+            return as_format_template(self.topic)
         return DEBEZIUM_TOPIC if self.shape == "debezium" else "{topic}"
 
 

@@ -2,8 +2,11 @@
 
 * The broker contract of ``test_brokers.py``, its test functions run here
   through a Kafka harness (the ``harness`` fixture below).
-* The record: key, headers, topic option, Debezium shape, CloudEvents binary
-  and structured modes read back with the CloudEvents SDK's Kafka binding.
+* The record: key, headers, topic option (Debezium's ``${routedByValue}``
+  too), Debezium shape, CloudEvents binary and structured modes read back
+  with the CloudEvents SDK's Kafka binding; tombstones on request, read by a
+  consumer group; the key as Kafka Connect's JsonConverter writes it, on the
+  partition Java's murmur2 picks.
 * Outcomes: too large and invalid topic and topic authorisation refused ->
   reject; a retriable broker error retried by librdkafka in order; every
   broker down (at the start or in the middle of a batch) -> unavailable with
@@ -19,12 +22,15 @@ creation in ``test_kafka_topics.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
 import socket
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -33,13 +39,24 @@ from confluent_kafka import KafkaError, KafkaException
 
 from outbox_core.brokers.base import Broker, create_broker
 from outbox_core.brokers.kafka import KafkaBroker, KafkaOptions
+from outbox_core.brokers.kafka.mapping import json_key
 from outbox_core.brokers.kafka.reports import every_broker_down
+from outbox_core.dialects.base.registry import get_dialect
 from outbox_core.errors import ConfigurationError
-from outbox_core.message import Event, OutcomeKind
+from outbox_core.message import Event, OutcomeKind, StoredEvent
+from outbox_core.schema import OutboxTables
 from outbox_core.testing.broker_contract import *  # noqa: F403  (the contract's tests)
 from outbox_core.testing.broker_contract import Harness, kinds
 from tests.contract.broker_fixtures import TRACEPARENT, make_event
-from tests.kafka_mock import Cluster, RealCluster, Record, read_all
+from tests.kafka_mock import (
+    Cluster,
+    RealCluster,
+    Record,
+    consume,
+    create_compacted_topic,
+    java_partition,
+    read_all,
+)
 
 OK, RETRY, REJECT = OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.REJECT
 DOWN = OutcomeKind.UNAVAILABLE
@@ -151,6 +168,179 @@ def test_debezium_shape(cluster: Cluster) -> None:
     assert record.headers["id"] == event.event_id.encode()
     assert "event_id" not in record.headers
     assert json.loads(record.value) == event.payload
+
+
+def null_payload(event: Event) -> Event:
+    """``event`` with the payload JSON ``null``, as a relay that parsed it hands it over."""
+    return dataclasses.replace(event, payload=None)
+
+
+_stored_ids = itertools.count(900_000)
+
+
+def stored(topic: str, key: str | None, payload_json: str | None) -> Event:
+    """An event as a PostgreSQL claim hands it over: the stored JSON text, not parsed
+    (None: a SQL NULL, in a table adopted with a column map whose payload allows it)."""
+    row = (
+        next(_stored_ids),
+        str(uuid.uuid4()),
+        topic,
+        key,
+        payload_json,
+        None,
+        0,
+        datetime(2024, 5, 1, tzinfo=UTC),
+    )
+    event = POSTGRESQL.to_event(row, "contract-token", attempts_offset=1)
+    assert isinstance(event, StoredEvent)
+    return event
+
+
+POSTGRESQL = get_dialect("postgresql")(OutboxTables.create())
+
+
+def test_tombstones_on_request_read_by_a_compacted_topic_consumer(cluster: Cluster) -> None:
+    """``tombstones=true``: a payload of JSON null is a tombstone (value null, key and
+    headers kept), whether the relay parsed it or kept the stored text; a keyless one is
+    rejected. Without the option the value is the JSON ``null``."""
+    topic = "compacted.orders"
+    create_compacted_topic(cluster, topic, partitions=4)
+    live = make_event(topic, key="order-1")
+    gone = null_payload(make_event(topic, key="order-1"))
+    gone_stored = stored(topic, "order-2", "null")
+    gone_sql_null = stored(topic, "order-4", None)
+    keyless = null_payload(make_event(topic))
+    kept = null_payload(make_event(topic, key="order-3"))
+    kept_sql_null = stored(topic, "order-5", None)
+    on = create_broker(cluster.url, tombstones="true")
+    off = create_broker(cluster.url)
+    try:
+        outcomes = on.publish([live, gone, gone_stored, gone_sql_null, keyless])
+        assert kinds(outcomes) == [OK, OK, OK, OK, REJECT]
+        assert "needs a key" in (outcomes[4].error or "")
+        assert kinds(off.publish([kept, kept_sql_null])) == [OK, OK]
+    finally:
+        on.close()
+        off.close()
+    messages = consume(cluster.bootstrap, [topic], 6)
+    got = {dict(m.headers() or [])["event_id"].decode(): m for m in messages}
+    assert set(got) == {
+        e.event_id for e in (live, gone, gone_stored, gone_sql_null, kept, kept_sql_null)
+    }
+    tombstone = got[gone.event_id]
+    assert tombstone.value() is None
+    assert tombstone.key() == b"order-1"
+    headers = dict(tombstone.headers() or [])
+    assert headers["traceparent"] == TRACEPARENT.encode()
+    assert headers["x-test"] == b"1"
+    # The key's tombstone follows its earlier record on the same partition.
+    assert tombstone.partition() == got[live.event_id].partition()
+    assert (tombstone.offset() or 0) > (got[live.event_id].offset() or 0)
+    assert got[gone_stored.event_id].value() is None
+    assert got[gone_stored.event_id].key() == b"order-2"
+    assert json.loads(got[live.event_id].value() or b"") == live.payload
+    assert got[gone_sql_null.event_id].value() is None
+    assert got[gone_sql_null.event_id].key() == b"order-4"
+    assert got[kept.event_id].value() == b"null"  # the option is off: the JSON null
+    assert got[kept_sql_null.event_id].value() == b"null"
+
+
+def test_a_tombstone_in_cloudevents_binary_mode_keeps_the_ce_headers(cluster: Cluster) -> None:
+    broker = create_broker(cluster.url, tombstones="true", envelope="cloudevents-binary")
+    event = null_payload(make_event("ce.compacted", key="o-9"))
+    try:
+        assert kinds(broker.publish([event])) == [OK]
+    finally:
+        broker.close()
+    [message] = consume(cluster.bootstrap, ["ce.compacted"], 1)
+    assert message.value() is None
+    headers = dict(message.headers() or [])
+    ce = ce_kafka.from_binary_event(ce_kafka.KafkaMessage(headers, message.key(), None))
+    assert ce.get_id() == event.event_id
+    assert ce.get_subject() == "o-9"
+    assert ce.get_data() is None
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("order-42", b'"order-42"'),
+        # Jackson writes non-ASCII as UTF-8, never as \uXXXX escapes.
+        ("café-日本", '"café-日本"'.encode()),
+        ('say "hi" \\o/', b'"say \\"hi\\" \\\\o/"'),
+        # Five short escapes; other control characters as \u00XX in upper-case hex.
+        ("\b\t\n\f\r", b'"\\b\\t\\n\\f\\r"'),
+        ("a\x01\x1fz\x7f", b'"a\\u0001\\u001Fz\x7f"'),
+        ("\u2028", '"\u2028"'.encode()),
+    ],
+    ids=["ascii", "non-ascii", "quote-backslash", "short-escapes", "hex-escapes", "u2028"],
+)
+def test_json_key_is_written_as_jackson_writes_a_string(key: str, expected: bytes) -> None:
+    assert json_key(key) == expected
+    assert json.loads(expected) == key
+
+
+def test_the_partition_reference_is_javas_murmur2() -> None:
+    """Kafka's own test vectors of ``Utils.murmur2`` (UtilsTest), signed as Java returns them."""
+    from kafka.partitioner.default import murmur2
+
+    vectors = {
+        b"21": -973932308,
+        b"foobar": -790332482,
+        b"a-little-bit-long-string": -985981536,
+        b"a-little-bit-longer-string": -1486304829,
+        b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+        b"abc": 479470107,
+    }
+    for data, java in vectors.items():
+        assert murmur2(data) == java & 0xFFFFFFFF
+        assert java_partition(data, 7) == (java & 0x7FFFFFFF) % 7
+
+
+def test_key_format_json_lands_where_kafka_connect_put_the_key(cluster: Cluster) -> None:
+    """``key_format=json``: the key bytes are ``"order-42"`` (quotes included), on the
+    partition Java's murmur2 picks for those bytes; ``string`` (the default) writes
+    ``order-42``, which hashes elsewhere for some keys."""
+    cluster.create_topic("keys.json", partitions=6)
+    cluster.create_topic("keys.string", partitions=6)
+    keys = [f"order-{i}" for i in range(40, 52)] + ["café-日本", 'q"uote']
+    as_json = create_broker(cluster.url, key_format="json")
+    as_string = create_broker(cluster.url, key_format="string")
+    try:
+        assert kinds(as_json.publish([make_event("keys.json", key=k) for k in keys])) == [OK] * 14
+        assert kinds(as_string.publish([make_event("keys.string", key=k) for k in keys])) == (
+            [OK] * 14
+        )
+    finally:
+        as_json.close()
+        as_string.close()
+    json_records = {m.key(): m.partition() for m in consume(cluster.bootstrap, ["keys.json"], 14)}
+    assert b'"order-42"' in json_records
+    assert json_records == {json_key(k): java_partition(json_key(k), 6) for k in keys}
+    string_records = {
+        m.key(): m.partition() for m in consume(cluster.bootstrap, ["keys.string"], 14)
+    }
+    assert string_records == {k.encode(): java_partition(k.encode(), 6) for k in keys}
+    moved = [k for k in keys if json_records[json_key(k)] != string_records[k.encode()]]
+    assert moved, "every key hashed to the same partition either way: the test shows nothing"
+
+
+def test_debezium_routed_by_value_placeholder_means_topic(cluster: Cluster) -> None:
+    """``events.${routedByValue}`` (Debezium's ``route.topic.replacement``) is
+    ``events.{topic}``."""
+    debezium = create_broker(cluster.url, topic="events.${routedByValue}")
+    toolkit = create_broker(cluster.url, topic="events.{topic}")
+    first, second = make_event("OrderCreated", key="o-1"), make_event("OrderCreated", key="o-1")
+    try:
+        assert isinstance(debezium, KafkaBroker)
+        assert debezium.options.fixed_topic is None
+        assert kinds(debezium.publish([first])) == [OK]
+        assert kinds(toolkit.publish([second])) == [OK]
+    finally:
+        debezium.close()
+        toolkit.close()
+    records = sorted(read_all(cluster.bootstrap, ["events.OrderCreated"]), key=lambda r: r.offset)
+    assert [r.event_id for r in records] == [first.event_id, second.event_id]
 
 
 def test_cloudevents_structured_read_by_the_sdk(cluster: Cluster) -> None:
@@ -331,12 +521,18 @@ def test_options_from_strings(cluster: Cluster) -> None:
         envelope="CloudEvents-Binary",
         delivery_timeout="2500ms",
         shape="debezium",
+        key_format="JSON",
+        tombstones="yes",
         **{"linger.ms": "1", "compression.type": "lz4"},
     )
     assert isinstance(broker, KafkaBroker)
     try:
         assert broker.options == KafkaOptions(
-            envelope="cloudevents-binary", delivery_timeout=2.5, shape="debezium"
+            envelope="cloudevents-binary",
+            delivery_timeout=2.5,
+            shape="debezium",
+            key_format="json",
+            tombstones=True,
         )
         assert broker.config["linger.ms"] == "1"
         assert broker.config["message.timeout.ms"] == 2500
@@ -354,7 +550,25 @@ def test_options_from_strings(cluster: Cluster) -> None:
         ("kafka://localhost:9092", {"shape": "camel"}, "shape"),
         ("kafka://localhost:9092", {"toppic": "x"}, "toppic"),
         ("kafka://localhost:9092", {"topic": "bad topic"}, "not a valid Kafka topic name"),
-        ("kafka://localhost:9092", {"topic": "{key}"}, "only {topic}"),
+        ("kafka://localhost:9092", {"topic": "{key}"}, "only {topic} or ${routedByValue}"),
+        (
+            "kafka://localhost:9092",
+            {"topic": "events.${aggregateType}"},
+            "${aggregateType} is not a placeholder the relay knows; only {topic} or "
+            "${routedByValue}",
+        ),
+        ("kafka://localhost:9092", {"topic": "events.${routedByValue"}, "${routedByValue is not"),
+        (
+            "kafka://localhost:9092",
+            {"key_format": "avro"},
+            "key_format must be one of string, json",
+        ),
+        (
+            "kafka://localhost:9092",
+            {"tombstones": "true", "envelope": "cloudevents"},
+            "use envelope=cloudevents-binary",
+        ),
+        ("kafka://localhost:9092", {"tombstones": "maybe"}, "tombstones"),
         ("kafka://localhost:9092", {"enable.idempotence": "false"}, "idempotence"),
         ("kafka://localhost:9092", {"acks": "1"}, "acks"),
         ("kafka://localhost:9092", {"bootstrap.servers": "other:9092"}, "kafka:// URL"),

@@ -24,7 +24,14 @@ import sqlalchemy as sa
 from outbox_core import Outbox, State
 from tests.contract.relay_kills import busy_relay, reclaimed
 from tests.contract.test_end_to_end import produce
-from tests.kafka_mock import Cluster, RealCluster, read_all
+from tests.kafka_mock import (
+    Cluster,
+    RealCluster,
+    consume,
+    create_compacted_topic,
+    java_partition,
+    read_all,
+)
 
 #: A consumer in another process, with kafka-python: every record of the topic as JSON lines.
 KAFKA_PYTHON_READER = r"""
@@ -297,6 +304,55 @@ def test_relay_once_with_the_documented_options(
         envelopes = [json.loads(r.value) for r in records]
         assert [e["id"] for e in envelopes] == ids
         assert {e["source"] for e in envelopes} == {"/shop"}
+
+
+def relay_once(db_url: str, table: str, cluster: Cluster, *options: str) -> dict[str, int]:
+    """``outbox relay --once`` with ``--broker-option`` each of ``options``: its counts."""
+    flags = [arg for option in options for arg in ("--broker-option", option)]
+    result = subprocess.run(
+        outbox_cmd(
+            "relay", "--once", "--db", db_url, "--table", table, "--broker", cluster.url, *flags,
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])
+    return counts
+
+
+def test_relay_publishes_a_stored_null_payload_as_a_tombstone_with_a_json_key(
+    backend: str, outbox: Outbox, db_url: str, cluster: Cluster
+) -> None:
+    """What each database hands back for a payload of JSON ``null`` (PostgreSQL: the
+    text ``null``; the others: None) becomes a tombstone with ``tombstones=true``, and
+    the JSON ``null`` without it; ``key_format=json`` writes ``"order-1"``."""
+    if backend == "mssql":
+        pytest.skip("the Kafka path is the same on every database; SQL Server runs elsewhere")
+    topic = "compacted.customers"
+    create_compacted_topic(cluster, topic, partitions=3)
+    with outbox.engine.begin() as conn:
+        created = outbox.enqueue(conn, topic, {"name": "Ada"}, key="order-1")
+        deleted = outbox.enqueue(conn, topic, None, key="order-1")
+        keyless = outbox.enqueue(conn, topic, None)
+    counts = relay_once(db_url, outbox.table.name, cluster, "tombstones=true", "key_format=json")
+    assert (counts["sent"], counts["dead"]) == (2, 1), counts
+    with outbox.engine.begin() as conn:
+        plain = outbox.enqueue(conn, topic, None, key="order-2")
+    assert relay_once(db_url, outbox.table.name, cluster)["sent"] == 1
+    messages = consume(cluster.bootstrap, [topic], 3)
+    got = {dict(m.headers() or [])["event_id"].decode(): m for m in messages}
+    assert set(got) == {created, deleted, plain}
+    assert keyless not in got  # rejected: a tombstone needs a key
+    assert json.loads(got[created].value() or b"") == {"name": "Ada"}
+    assert got[deleted].value() is None
+    assert got[deleted].key() == got[created].key() == b'"order-1"'
+    assert got[deleted].partition() == got[created].partition() == java_partition(b'"order-1"', 3)
+    assert got[plain].value() == b"null"
+    assert got[plain].key() == b"order-2"
+    t = outbox.table
+    with outbox.engine.connect() as conn:
+        error = conn.execute(sa.select(t.c.last_error).where(t.c.event_id == keyless)).scalar()
+    assert "needs a key" in (error or "")
 
 
 def test_relay_refuses_a_transactional_id_at_start_and_spends_no_attempt(
