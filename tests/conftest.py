@@ -158,9 +158,10 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def db_url(backend: str, tmp_path: Path) -> str:
+def reachable_url(backend: str, tmp_path: Path) -> str:
     """A reachable URL for ``backend`` (skip or fail as the rules above say)."""
+    if backend not in BACKENDS:
+        pytest.skip(f"{backend} not in OUTBOX_TEST_BACKENDS")
     url = server_url(backend, tmp_path)
     if url is not None and not provision_for(backend).needs_server:
         return url  # a file: nothing to reach
@@ -170,6 +171,12 @@ def db_url(backend: str, tmp_path: Path) -> str:
     if reason is not None:
         unavailable(backend, reason)
     return url
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path) -> str:
+    """A reachable URL for ``backend`` (skip or fail as the rules above say)."""
+    return reachable_url(backend, tmp_path)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import BACKENDS, _probe, server_url, unavailable
+from tests.conftest import reachable_url
 from tests.contract.test_wal_stream import LOGICAL, private_postgres
 from tests.faults.private_servers import PrivatePostgres
 
@@ -30,15 +30,7 @@ def logical_server() -> Iterator[PrivatePostgres]:
 @pytest.fixture
 def pg_url(tmp_path: Path) -> str:
     """The test PostgreSQL's URL (skipped when not selected; down: fails under CI=true)."""
-    if "postgresql" not in BACKENDS:
-        pytest.skip("postgresql not in OUTBOX_TEST_BACKENDS")
-    url = server_url("postgresql", tmp_path)
-    if url is None:
-        pytest.skip("postgresql: no test URL")
-    reason = _probe(url)
-    if reason is not None:
-        unavailable("postgresql", reason)
-    return url
+    return reachable_url("postgresql", tmp_path)
 
 
 @pytest.fixture

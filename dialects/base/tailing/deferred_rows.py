@@ -24,6 +24,23 @@ from outbox_core.schema import in_state
 #: delay or backoff) instead of in the relay's memory, which would hold the log.
 DEFERRED = "wal:deferred"
 
+#: The columns (by field: ``table.c[...]``) :func:`whole_row` gives a value for.
+WHOLE_ROW = (
+    "id",
+    "event_id",
+    "topic",
+    "key",
+    "payload",
+    "headers",
+    "state",
+    "attempts",
+    "available_at",
+    "lease_owner",
+    "lease_until",
+    "created_at",
+    "last_error",
+)
+
 
 def whole_row(
     event: Event,
@@ -35,7 +52,11 @@ def whole_row(
     owner: str | None = None,
     until: datetime | None = None,
 ) -> Mapping[str, Any]:
-    """A whole row of ``event`` for an upsert by ``event_id`` (cleanup may have removed it)."""
+    """A whole row of ``event`` for an upsert by ``event_id`` (cleanup may have removed it).
+
+    Keyed by field (:data:`WHOLE_ROW`): SQLAlchemy binds a row's values by column
+    key, which an adopted table's columns keep whatever their names.
+    """
     return {
         "id": event.id,
         "event_id": event.event_id,

@@ -41,7 +41,16 @@ class RowEvents:
 
     def __init__(self, dialect: Dialect, token: str) -> None:
         self.dialect = dialect
-        self.columns = dialect.claim_columns(dialect.table)
+        table = dialect.table
+        # The log names a row's columns as the table does (``aggregate_id`` of an
+        # adopted table); a claim column's key is its field (``key``).
+        self.columns = [
+            (table.c[str(c.key)].name, isinstance(c.type, sa.Text))
+            for c in dialect.claim_columns(table)
+        ]
+        #: The log's names of the ordering column and of ``available_at``.
+        self.id_column = table.c.id.name
+        self.available_column = table.c.available_at.name
         self.token = token
 
     def event(self, row: WalRow) -> tuple[Event, datetime]:
@@ -53,21 +62,20 @@ class RowEvents:
         """
         values, oids = row.values, row.type_oids
         claimed = [
-            values[c.name]
-            if isinstance(c.type, sa.Text)
-            else load_text(values[c.name], oids[c.name])
-            for c in self.columns
+            values[name] if as_text else load_text(values[name], oids[name])
+            for name, as_text in self.columns
         ]
         # attempts_offset 1: the event carries its attempt number, as a claim's does.
         event = self.dialect.to_event(claimed, self.token, attempts_offset=1)
-        return event, load_text(values["available_at"], oids["available_at"])
+        available = self.available_column
+        return event, load_text(values[available], oids[available])
 
     def transaction(self, txn: WalTransaction) -> LogTransaction:
         """The relay's view of ``txn``."""
         # Rows a relay handed to the table (and its updates of them) are not new events.
         pending = [r for r in txn.rows if is_pending(r) and not handed_over(r)]
         # Our own dead-marking (state DEAD) is in the log too: only a return to pending counts.
-        replays = [int(str(r.values["id"])) for r in pending if r.op == "update"]
+        replays = [int(str(r.values[self.id_column])) for r in pending if r.op == "update"]
         events = [self.event(r) for r in pending if r.op == "insert"]
         return LogTransaction(txn.end_lsn, txn.commit_lsn, txn.commit_time, events, replays)
 

@@ -15,9 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.visitors import ExternallyTraversible, replacement_traverse
 
 from outbox_core.dialects.base import Dialect
-from outbox_core.dialects.base.tailing.deferred_rows import DEFERRED
+from outbox_core.dialects.base.tailing.deferred_rows import DEFERRED, WHOLE_ROW
 from outbox_core.dialects.postgresql.wal.names import format_lsn
 from outbox_core.dialects.postgresql.wal.slots import slot_facts
 from outbox_core.errors import UnsupportedDatabase
@@ -27,12 +28,26 @@ from outbox_core.schema import in_state
 
 
 class PostgresWrites:
-    """:class:`~outbox_core.relay.tailing.TableWrites` on PostgreSQL."""
+    """:class:`~outbox_core.relay.tailing.TableWrites` on PostgreSQL.
+
+    ``adopted``: the outbox table is a team's own (``--columns``), which may
+    have columns of its own the toolkit has no value for (Debezium's
+    ``aggregate_type NOT NULL``).
+    """
+
+    def __init__(self, *, adopted: bool = False) -> None:
+        self.adopted = adopted
 
     def upsert_by_event_id(
         self, table: sa.Table, *, update: Sequence[str], where: sa.ColumnElement[bool]
     ) -> sa.Executable:
-        """``INSERT ... ON CONFLICT (event_id) DO UPDATE SET <update> = EXCLUDED ... WHERE``."""
+        """``INSERT ... ON CONFLICT (event_id) DO UPDATE SET <update> = EXCLUDED ... WHERE``.
+
+        On an adopted table, an update of the row and an insert only where it
+        is missing (:func:`update_or_insert`).
+        """
+        if self.adopted:
+            return update_or_insert(table, update=update, where=where)
         stmt = postgresql.insert(table)
         return stmt.on_conflict_do_update(
             index_elements=[table.c.event_id],
@@ -51,15 +66,61 @@ class PostgresWrites:
         conn.execute(sa.text("SET LOCAL synchronous_commit = off"))
 
 
+def update_or_insert(
+    table: sa.Table, *, update: Sequence[str], where: sa.ColumnElement[bool]
+) -> sa.Executable:
+    """An upsert by ``event_id`` of whole rows (:data:`WHOLE_ROW`) that never inserts a
+    row that exists.
+
+    ``WITH u AS (UPDATE ... SET <update> WHERE event_id = :event_id AND <where>)
+    INSERT ... SELECT :values WHERE NOT EXISTS (<the row>)``: PostgreSQL checks
+    ``NOT NULL`` before ``ON CONFLICT`` looks for the row, so an ``INSERT ... ON
+    CONFLICT`` into a table with a ``NOT NULL`` column of the team's own would fail
+    even for a row that is there. A missing row (removed by cleanup, or deleted by
+    the team) is still inserted, which such a column refuses.
+    """
+
+    def value(field: str) -> sa.BindParameter[Any]:
+        return sa.bindparam(field, type_=table.c[field].type)
+
+    # The UPDATE on a copy whose column keys no row's value has: SQLAlchemy adds a SET
+    # for every execution parameter named like a column key, even in a CTE.
+    copy = sa.Table(
+        table.name,
+        sa.MetaData(),
+        *[sa.Column(col.name, col.type, key=f"set_{col.key}") for col in table.columns],
+        schema=table.schema,
+    )
+
+    def on_copy(element: ExternallyTraversible, **_: Any) -> ExternallyTraversible | None:
+        if isinstance(element, sa.Column) and element.table is table:
+            return copy.c[f"set_{element.key}"]
+        return None
+
+    u = copy.c
+    where_on_copy = replacement_traverse(where, {}, on_copy)
+    updated = (
+        sa.update(copy)
+        .where(u.set_event_id == value("event_id"), where_on_copy)
+        .values({u[f"set_{field}"]: value(field) for field in update})
+        .cte("updated")
+    )
+    c = table.c
+    there = sa.select(c.id).where(c.event_id == value("event_id")).exists()
+    missing = sa.select(*[value(field) for field in WHOLE_ROW]).where(~there)
+    return sa.insert(table).from_select(list(WHOLE_ROW), missing).add_cte(updated)
+
+
 def deferred_index(outbox: sa.Table) -> sa.Index:
     """``(lease_until) WHERE`` deferred: the few rows waiting in the table, in hand-over order.
 
-    On a copy of the table: it is made by ``install --source wal`` only.
+    On a copy of the table: it is made by ``install --source wal`` only. The
+    ordering column keeps the table's name for it (``outbox_seq`` of an adopted table).
     """
     copy = sa.Table(
         outbox.name,
         sa.MetaData(),
-        sa.Column("id", sa.BigInteger()),
+        sa.Column(outbox.c.id.name, sa.BigInteger(), key="id"),
         sa.Column("state", sa.SmallInteger()),
         sa.Column("lease_owner", sa.String(64)),
         sa.Column("lease_until", sa.DateTime(timezone=True)),
@@ -87,7 +148,7 @@ class WalTable(LogTable):
                 f"--source wal reads PostgreSQL's logical replication, not {dialect.family}: "
                 "use --source table"
             )
-        super().__init__(dialect, PostgresWrites())
+        super().__init__(dialect, PostgresWrites(adopted=dialect.tables.adopted))
         self.deferred_index = deferred_index(self.table)
 
     def install(self, conn: Connection) -> None:
