@@ -7,16 +7,19 @@
 
 Each call writes on ``connections[using]`` (default: the database router's
 choice for the outbox, else ``settings.OUTBOX["DATABASE"]``, else
-``default``), in the atomic block the caller is in. The :class:`Outbox`
+``default``), in the transaction the caller is in: a ``transaction.atomic()``
+block (not the one ``TestCase`` wraps each test in), or one opened by
+``transaction.set_autocommit(False)``. The :class:`Outbox`
 behind each database (its dialect, checks and relays) comes from
 ``settings.OUTBOX`` and ``DATABASES``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -26,8 +29,9 @@ from sqlalchemy.pool import NullPool
 
 from outbox_core.contrib.django.conf import current_settings
 from outbox_core.contrib.django.databases import database_url
-from outbox_core.contrib.django.port import DjangoTransaction
-from outbox_core.errors import ConfigurationError
+from outbox_core.contrib.django.hints import django_wording
+from outbox_core.contrib.django.port import DjangoTransaction, in_transaction
+from outbox_core.errors import ConfigurationError, TableMissing
 from outbox_core.inbox import Inbox, normalize_event_id, validate_consumer
 from outbox_core.outbox import Outbox
 
@@ -129,13 +133,32 @@ def outbox_for(using: str | None = None) -> Outbox:
 
 
 def _require_atomic(what: str, alias: str) -> None:
-    if not connections[alias].in_atomic_block:
-        raise ConfigurationError(
-            f"{what} must run inside transaction.atomic() (database {alias!r}): outside it "
-            "each statement commits on its own, so the event would be kept even if your "
-            f"business write fails. Wrap the write and the {what} in "
-            f"`with transaction.atomic(using={alias!r}):`"
+    """Refuse a call with no transaction of the caller's open (before anything is written)."""
+    conn = connections[alias]
+    if in_transaction(conn):
+        return
+    testcase = conn.in_atomic_block  # only TestCase's own blocks are open
+    raise ConfigurationError(
+        f"{what} must run inside transaction.atomic() (database {alias!r}): outside it "
+        "each statement commits on its own, so the event would be kept even if your "
+        f"business write fails. Wrap the write and the {what} in "
+        f"`with transaction.atomic(using={alias!r}):`"
+        + (
+            " (the atomic block Django's TestCase wraps each test in does not count: "
+            "the code under test needs its own)"
+            if testcase
+            else ""
         )
+    )
+
+
+@contextlib.contextmanager
+def _migrate_hint() -> Iterator[None]:
+    """A missing table is created by Django's migrations: the error says so."""
+    try:
+        yield
+    except TableMissing as exc:
+        raise TableMissing(django_wording(str(exc))) from None
 
 
 class DjangoOutbox:
@@ -150,19 +173,26 @@ class DjangoOutbox:
         using: str | None = None,
         *,
         delay: float | timedelta | None = None,
+        event_id: str | uuid.UUID | None = None,
     ) -> str:
         """Add an event to the current atomic block of ``using``; return its ``event_id``.
 
         It commits or rolls back with that block (a rolled-back savepoint
-        takes it along). Outside ``transaction.atomic()`` it is refused with
+        takes it along). Outside ``transaction.atomic()`` (or a transaction
+        opened by ``transaction.set_autocommit(False)``) it is refused with
         :class:`~outbox_core.errors.ConfigurationError`; a payload that cannot
-        be stored raises ``PayloadError`` and nothing is written.
+        be stored raises ``PayloadError`` and nothing is written. ``event_id``
+        is your own id for the event (a UUID; default: a new one): one already
+        in the table raises ``DuplicateEventId``, the transaction usable.
         """
         b = binding(using)
         _require_atomic("outbox.enqueue", b.alias)
         producer = b.outbox.producer
-        event = producer.event(topic, payload, key=key, headers=headers, delay=delay)
-        event_id = producer.enqueue(b.port(), event, notify=b.outbox.notify)
+        event = producer.event(
+            topic, payload, key=key, headers=headers, delay=delay, event_id=event_id
+        )
+        with _migrate_hint():
+            event_id = producer.enqueue(b.port(), event, notify=b.outbox.notify)
         for target in list(_captures):
             target.append(
                 EnqueuedEvent(event_id, topic, event.payload, key, event.headers, b.alias)
@@ -181,8 +211,9 @@ class DjangoOutbox:
         _require_atomic("outbox.enqueue_many", b.alias)
         port = b.port()
         producer = b.outbox.producer
-        built = producer.build_many(port, events)
-        producer.enqueue_many(port, built, notify=b.outbox.notify)
+        with _migrate_hint():
+            built = producer.build_many(port, events)
+            producer.enqueue_many(port, built, notify=b.outbox.notify)
         for target in list(_captures):
             target.extend(
                 EnqueuedEvent(e.event_id, e.topic, e.payload, e.key, e.headers, b.alias)

@@ -6,7 +6,8 @@
         "TABLE": "outbox",                 # the outbox table (the inbox is <TABLE>_inbox)
         "DATABASE": None,                  # alias; None: the router's choice, else "default"
         "BROKER_URL": "amqp://...",        # for `manage.py outbox relay`
-        "ENCODER": "django.core.serializers.json.DjangoJSONEncoder",
+        "BROKER_OPTIONS": {"exchange": "orders", "secret": os.environ["WEBHOOK_SECRET"]},
+        "ENCODER": "outbox_core.contrib.django.encoding.OutboxJSONEncoder",
         "BATCH_SIZE": 100, "ORDERING": "partitions", ...  # any relay setting, upper-case
         "DASHBOARD": {"HIDE_PAYLOADS": False, "REFRESH": 5},  # outbox_core.contrib.django.urls
     }
@@ -30,15 +31,19 @@ from django.utils.module_loading import import_string
 from outbox_core.config import Settings, ordering_alias
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import format_duration, parse_bool, parse_duration
-from outbox_core.schema import DEFAULT_TABLE, validate_identifier
+from outbox_core.identifiers import validate_identifier
+from outbox_core.schema import DEFAULT_TABLE
 
-DEFAULT_ENCODER = "django.core.serializers.json.DjangoJSONEncoder"
+DEFAULT_ENCODER = "outbox_core.contrib.django.encoding.OutboxJSONEncoder"
 
-#: Relay settings taken from ``settings.OUTBOX`` (the database comes from DATABASES).
+#: Relay settings taken from ``settings.OUTBOX`` (the database comes from DATABASES, the
+#: table's layout from the app's migrations).
 RELAY_KNOBS = frozenset(
-    f.name for f in fields(Settings) if f.name not in ("database_url", "table", "schema", "dialect")
+    f.name
+    for f in fields(Settings)
+    if f.name not in ("database_url", "table", "schema", "columns", "dialect")
 )
-_OWN_KEYS = frozenset({"table", "database", "encoder", "dashboard"})
+_OWN_KEYS = frozenset({"table", "database", "encoder", "dashboard", "broker_options"})
 #: The keys of ``settings.OUTBOX["DASHBOARD"]`` (lower-case).
 DASHBOARD_KEYS = frozenset({"hide_payloads", "refresh"})
 #: The overview's refresh bounds, as ``outbox dashboard --refresh`` takes them.
@@ -66,6 +71,12 @@ class OutboxSettings:
     #: Relay settings (``Settings`` fields, lower-case), broker_url included.
     knobs: Mapping[str, Any] = field(default_factory=dict)
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
+    #: ``BROKER_OPTIONS``: the broker's options, as ``--broker-option NAME=VALUE`` takes them.
+    broker_options: Mapping[str, str] = field(default_factory=dict)
+
+    def broker_option_items(self) -> tuple[str, ...]:
+        """``BROKER_OPTIONS`` as the ``NAME=VALUE`` items of ``--broker-option`` (in-process)."""
+        return tuple(f"{name}={value}" for name, value in self.broker_options.items())
 
     def json_default(self) -> Callable[[Any], Any] | None:
         """The encoder's ``default``: what ``json.dumps`` calls for values JSON has no type for."""
@@ -128,12 +139,55 @@ def outbox_settings() -> OutboxSettings:
         encoder=encoder,
         knobs=knobs,
         dashboard=_dashboard(values.get("dashboard")),
+        broker_options=_broker_options(values.get("broker_options")),
     )
     try:
         result.relay_settings()
     except Exception as exc:
         raise ImproperlyConfigured(f"settings.OUTBOX: {exc}") from None
     return result
+
+
+def _broker_options(raw: Any) -> dict[str, str]:
+    """``settings.OUTBOX["BROKER_OPTIONS"]``, checked: names to values ``--broker-option`` takes.
+
+    Strings, numbers and booleans, a dict or list as its JSON (``headers``);
+    a None value is left out (the broker's default). Values are never shown
+    in a message: they may be secrets.
+    """
+    where = "settings.OUTBOX['BROKER_OPTIONS']"
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(
+            f"{where} must be a dict of option name -> value, not {type(raw).__name__}"
+        )
+    out: dict[str, str] = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not name or "=" in name:
+            raise ImproperlyConfigured(
+                f"{where}: option names are non-empty strings without '=', got {name!r}"
+            )
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            text = str(value)
+        elif isinstance(value, Mapping | list | tuple):
+            try:
+                text = json.dumps(value)
+            except (TypeError, ValueError):
+                raise ImproperlyConfigured(
+                    f"{where}[{name!r}]: a dict or list must hold JSON values only"
+                ) from None
+        else:
+            raise ImproperlyConfigured(
+                f"{where}[{name!r}]: a string, number, boolean, or a dict or list of JSON "
+                f"values, as --broker-option takes them; not {type(value).__name__}"
+            )
+        out[name] = text
+    return out
 
 
 def _encoder(value: Any) -> type[json.JSONEncoder] | None:

@@ -1,18 +1,26 @@
-"""The transaction port over Django's own connection, in its current atomic block.
+"""The transaction port over Django's own connection and cursor.
 
-It is the toolkit's DB-API port (:class:`~outbox_core.ports.DBAPITransaction`)
-on the driver connection Django holds (``connections[alias].connection``):
-statements compiled by SQLAlchemy for that driver run on it, inside the
-atomic block the caller is in, so they roll back with it, savepoints
-included. Transaction boundaries are Django's to know: "in a transaction"
-is ``in_atomic_block``, wake-ups of this process's relays go through
-``transaction.on_commit``, and the per-transaction wake-up mark is an
-``on_commit`` marker, which Django itself drops when the savepoint or
-transaction it was registered in rolls back.
+Statements run through ``connections[alias].cursor()``, Django's own cursor,
+inside the transaction the caller is in: ``CaptureQueriesContext``,
+``assertNumQueries``, ``connection.execute_wrapper``, the debug toolbar and
+APM instrumentation see the event's ``INSERT`` as any query of the ORM, and
+it rolls back with the caller's atomic block, savepoints included. SQLAlchemy
+compiles each statement for the driver Django uses, with the ``%s``
+placeholders every Django backend takes (SQLite's turns them into ``?``).
+
+Transaction boundaries are Django's to know (:func:`in_transaction`): a
+``transaction.atomic()`` block of the caller's own, or a transaction opened
+by ``transaction.set_autocommit(False)``; the atomic blocks Django's
+``TestCase`` wraps each test in do not count. No ``on_commit`` callback is
+registered for the producer's own bookkeeping: only a process that runs a
+relay in-process gets one per transaction, which wakes that relay after the
+commit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,63 +28,99 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox_core.ports import DBAPITransaction
-from outbox_core.ports.dbapi import compiler_for
+from outbox_core.ports.compiler import StatementCompiler
+from outbox_core.ports.drivers import Driver
+
+#: One compiler per driver, for the ``%s`` placeholders Django's cursors take.
+_COMPILERS: dict[str, StatementCompiler] = {}
 
 
-class _Marker:
-    """A no-op ``on_commit`` callback: pending while its transaction (or savepoint) lives."""
+def _compiler(driver: Driver) -> StatementCompiler:
+    compiler = _COMPILERS.get(driver.label)
+    if compiler is None:
+        django_style = dataclasses.replace(driver, paramstyle="format")
+        compiler = _COMPILERS.setdefault(driver.label, StatementCompiler(django_style.dialect()))
+    return compiler
+
+
+def user_atomic_block(connection: BaseDatabaseWrapper) -> bool:
+    """An atomic block is open that is not one of the blocks ``TestCase`` wraps a test in.
+
+    Django marks those (``Atomic._from_testcase``): inside a ``TestCase``
+    the connection is always in an atomic block, which would hide a missing
+    ``transaction.atomic()`` in the code under test.
+    """
+    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
+
+
+def in_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """The caller has a transaction open: its own atomic block, or autocommit turned off.
+
+    ``transaction.set_autocommit(False)`` opens a transaction that the caller
+    ends with ``transaction.commit()`` or ``rollback()``.
+    """
+    if connection.in_atomic_block:
+        return user_atomic_block(connection)
+    return not connection.get_autocommit()
+
+
+class _Wake:
+    """The ``on_commit`` callback that wakes this process's relays (one per transaction)."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
 
     def __call__(self) -> None:
-        return None
+        self.callback()
 
 
 class DjangoTransaction(DBAPITransaction):
-    """:class:`~outbox_core.transaction.TransactionPort` over a Django connection."""
+    """:class:`~outbox_core.transaction.TransactionPort` over a Django connection.
+
+    Per-transaction marks: Django gives a transaction no identity of its
+    own, so every enqueue is treated as its transaction's first (see
+    :mod:`outbox_core.ports.dbapi`): on PostgreSQL each carries the
+    ``NOTIFY``, which PostgreSQL folds into one notification at commit.
+    """
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         connection.ensure_connection()
-        alias = connection.alias
-        super().__init__(
-            connection.connection,
-            after_commit=lambda callback: transaction.on_commit(callback, using=alias),
-        )
+        super().__init__(connection.connection)
         self.django = connection
+        self._compiler = _compiler(self.driver_info)
 
     def autocommit(self) -> bool:
-        """Outside ``transaction.atomic()`` each statement would commit on its own."""
-        return not self.django.in_atomic_block
-
-    def first_event(self, owner: object) -> bool:
-        """True once per transaction: while this transaction's marker is pending, False.
-
-        Django drops the pending ``on_commit`` callbacks registered inside a
-        savepoint it rolls back, and all of them when the transaction ends,
-        so a marker still pending means the wake-up sent with it stands.
-        """
-        conn = self.django
-        marks: dict[int, _Marker] = conn.__dict__.setdefault("_outbox_marks", {})
-        marker = marks.get(id(owner))
-        if marker is not None and any(entry[1] is marker for entry in conn.run_on_commit):
-            return False
-        marker = _Marker()
-        transaction.on_commit(marker, using=conn.alias)
-        marks[id(owner)] = marker
-        return True
+        """No transaction of the caller's is open (see :func:`in_transaction`)."""
+        return not in_transaction(self.django)
 
     def execute(self, statement: sa.Executable, parameters: Any) -> None:
-        """On the driver connection, unless Django marked the atomic block as broken."""
-        # Django's own cursors refuse to run in a block whose error was caught
-        # (needs_rollback); the raw connection would not.
-        self.django.validate_no_broken_transaction()
-        super().execute(statement, parameters)
+        """On Django's cursor (a list of parameters: executemany)."""
+        prepared = self._compiler.prepare(statement)
+        with self.django.cursor() as cursor:
+            if isinstance(parameters, list):
+                cursor.executemany(prepared.sql, [prepared.parameters(p) for p in parameters])
+            else:
+                cursor.execute(prepared.sql, prepared.parameters(parameters))
 
     def execute_rowcount(self, statement: sa.Executable, parameters: dict[str, Any]) -> int:
-        """Run ``statement`` once and return the rows it affected (the inbox's insert)."""
-        self.django.validate_no_broken_transaction()
-        prepared = compiler_for(self.driver_info).prepare(statement)
-        cursor = self.connection.cursor()
-        try:
+        """Run ``statement`` once on Django's cursor; the rows it affected (the inbox's insert)."""
+        prepared = self._compiler.prepare(statement)
+        with self.django.cursor() as cursor:
             cursor.execute(prepared.sql, prepared.parameters(parameters))
             return int(cursor.rowcount)
-        finally:
-            cursor.close()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Once per transaction: ``on_commit`` in an atomic block, else the commit watch.
+
+        Called only when relays run in this process. Django refuses
+        ``on_commit`` outside atomic blocks (``set_autocommit(False)``): there
+        the driver's transaction flag is watched, as for a plain DB-API
+        connection.
+        """
+        conn = self.django
+        if not conn.in_atomic_block:
+            super().after_commit(callback)
+            return
+        if any(isinstance(entry[1], _Wake) for entry in conn.run_on_commit):
+            return  # this transaction's wake-up is already registered
+        transaction.on_commit(_Wake(callback), using=conn.alias)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +47,19 @@ def admin_client_db(transactional_db: None, client, django_user_model) -> Iterat
     user = django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
     client.force_login(user)
     yield client
+
+
+@pytest.fixture
+def fresh_database(vendor: str, tmp_path: Path) -> Iterator[str]:
+    """A new, empty database of the test server (a file on SQLite), dropped afterwards."""
+    if vendor == "sqlite":
+        yield str(tmp_path / "fresh.sqlite3")
+        return
+    name = f"obx_django_docs_{uuid.uuid4().hex[:8]}"
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name}")
+    try:
+        yield name
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f"DROP DATABASE {name}")

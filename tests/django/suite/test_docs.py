@@ -10,7 +10,6 @@ import sys
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ def test_the_doc_shows_exactly_the_commands_these_tests_run() -> None:
         "python manage.py outbox doctor",
         "python manage.py outbox relay --broker-option exchange=orders",
         "python manage.py outbox status",
+        "python manage.py outbox status --broker",
         "python manage.py outbox replay --topic orders.created",
         "python manage.py consume_orders",
         "python manage.py test orders",
@@ -58,22 +58,6 @@ def test_pip_install_names_extras_that_exist() -> None:
     assert named is not None
     assert set(named.group(1).split(",")) <= set(extras)
     assert any(dep.startswith("Django") for dep in extras["django"])
-
-
-@pytest.fixture
-def fresh_database(vendor: str, tmp_path: Path) -> Iterator[str]:
-    """A new, empty database of the test server (a file on SQLite), dropped afterwards."""
-    if vendor == "sqlite":
-        yield str(tmp_path / "fresh.sqlite3")
-        return
-    name = f"obx_django_docs_{uuid.uuid4().hex[:8]}"
-    with connections["default"].cursor() as cursor:
-        cursor.execute(f"CREATE DATABASE {name}")
-    try:
-        yield name
-    finally:
-        with connections["default"].cursor() as cursor:
-            cursor.execute(f"DROP DATABASE {name}")
 
 
 def test_migrate_then_doctor_on_a_new_database(fresh_database: str) -> None:
@@ -184,6 +168,15 @@ def test_status_and_replay() -> None:
     assert replay.returncode == 0, replay.stderr
     event = OutboxEvent.objects.get()
     assert (event.state, event.attempts) == (0, 0)
+
+
+def test_status_with_the_broker() -> None:
+    """`status --broker` probes the settings' broker (RabbitMQ here): up, exit 0."""
+    require_rabbitmq()
+    result = manage("outbox", "status", "--broker")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"broker\b.*\bup\b", result.stdout), result.stdout
+    assert "guest:guest" not in result.stdout + result.stderr
 
 
 def test_manage_py_test_runs_the_docs_tests() -> None:

@@ -56,29 +56,6 @@ def test_savepoint_rollback_drops_only_its_events() -> None:
     ]
 
 
-def test_a_savepoint_rollback_of_the_first_event_sends_the_wake_up_again() -> None:
-    """The wake-up went with the rolled-back event: the next event carries it."""
-    from outbox_core.contrib.django.api import binding
-
-    b = binding()
-    port = b.port()
-    producer = b.outbox.producer
-    with transaction.atomic():
-        with pytest.raises(RuntimeError), transaction.atomic():
-            outbox.enqueue("t.gone", {"n": 1})
-            raise RuntimeError
-        # The marker registered inside the savepoint went with it.
-        assert port.first_event(producer) is True
-        assert port.first_event(producer) is False
-        with pytest.raises(RuntimeError), transaction.atomic():
-            outbox.enqueue("t.inner", {"n": 2})
-            raise RuntimeError
-        # Sent in the outer block, before the savepoint: it still stands.
-        assert port.first_event(producer) is False
-    with transaction.atomic():  # a new transaction sends it again
-        assert port.first_event(producer) is True
-
-
 def test_outside_atomic_is_refused_and_writes_nothing() -> None:
     with pytest.raises(ConfigurationError, match=r"inside transaction\.atomic\(\)"):
         outbox.enqueue("t", {"n": 1})
@@ -201,3 +178,70 @@ def test_a_broken_atomic_block_is_refused_as_django_refuses_queries() -> None:
             outbox.enqueue("t", {"n": 1})
         transaction.set_rollback(True)
     assert OutboxEvent.objects.count() == 0
+
+
+def test_set_autocommit_false_is_a_transaction() -> None:
+    """A transaction opened with set_autocommit(False) is the caller's: commit and rollback."""
+    from outbox_core.contrib.django import inbox
+
+    transaction.set_autocommit(False)
+    try:
+        outbox.enqueue("t.manual", {"n": 1})
+        inbox.record("billing", "0b7c6f2e-5a1d-4c1e-9a57-3f1d2c4b5a69")
+        transaction.rollback()
+        kept = outbox.enqueue("t.manual", {"n": 2})
+        outbox.enqueue_many([{"topic": "t.manual", "payload": {"n": 3}}])
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    rows = list(OutboxEvent.objects.order_by("id"))
+    assert [r.payload["n"] for r in rows] == [2, 3]
+    assert rows[0].event_id == kept
+
+
+def test_set_autocommit_false_wakes_in_process_relays_after_the_commit(vendor: str) -> None:
+    """Django refuses on_commit there: the driver's transaction flag is watched instead."""
+    import time
+    from unittest import mock
+
+    from outbox_core.contrib.django import outbox_for
+
+    if vendor == "mysql":
+        pytest.skip("mysqlclient keeps no transaction flag: in-process relays poll")
+    relay = outbox_for().relay("memory://")
+    try:
+        with mock.patch.object(relay, "wake") as wake:
+            transaction.set_autocommit(False)
+            try:
+                outbox.enqueue("t.manual", {"n": 1})
+                assert wake.call_count == 0
+                transaction.commit()
+            finally:
+                transaction.set_autocommit(True)
+            deadline = time.monotonic() + 10
+            while wake.call_count == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the commit watch reads the flag every few milliseconds
+            assert wake.call_count == 1
+    finally:
+        relay.close()
+
+
+def test_the_callers_event_id_is_kept_and_a_duplicate_refused() -> None:
+    """event_id= goes to the core's enqueue; a duplicate leaves the atomic block usable."""
+    from outbox_core.errors import DuplicateEventId
+
+    mine = "6f1d2c4b-5a69-4c1e-9a57-0b7c6f2e5a1d"
+    with transaction.atomic():
+        assert outbox.enqueue("t.mine", {"n": 1}, event_id=uuid.UUID(mine)) == mine
+    customer = Customer.objects.create(name="Ada")
+    with transaction.atomic():
+        Order.objects.create(customer=customer, total=Decimal("1"))
+        with pytest.raises(DuplicateEventId):
+            outbox.enqueue("t.again", {"n": 2}, event_id=mine)
+        outbox.enqueue("t.after", {"n": 3})
+    assert Order.objects.count() == 1
+    assert list(OutboxEvent.objects.order_by("id").values_list("topic", flat=True)) == [
+        "t.mine",
+        "t.after",
+    ]
+    assert OutboxEvent.objects.get(topic="t.mine").event_id == mine

@@ -89,3 +89,82 @@ def test_the_broker_url_and_knobs_come_from_settings(queue: tuple[str, str, Any]
     assert result.returncode == 0, result.stderr
     assert len(_drain(channel, name)) == 1
     assert OutboxEvent.objects.get().state == 2
+
+
+def test_broker_options_come_from_settings(queue: tuple[str, str, Any]) -> None:
+    """settings.OUTBOX["BROKER_OPTIONS"] reaches the relay: no --broker-option needed."""
+    _, name, channel = queue
+    with transaction.atomic():
+        event_id = outbox.enqueue("orders.created", {"n": 1})
+    result = manage(
+        "outbox",
+        "relay",
+        "--once",
+        env={"OBX_DJANGO_BROKER_OPTIONS": json.dumps({"exchange": name})},
+    )
+    assert result.returncode == 0, result.stderr
+    assert [p.message_id for p, _ in _drain(channel, name)] == [event_id]
+    assert OutboxEvent.objects.get().state == 2
+
+
+class _Receiver:
+    """An HTTP endpoint on 127.0.0.1 that records each POST (headers and raw body)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        received = self.received = []  # type: list[tuple[Any, bytes]]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_OPTIONS(self) -> None:  # the broker's probe
+                self.send_response(204)
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append((self.headers, body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/orders"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_webhook_secret_from_the_environment_signs_and_never_shows() -> None:
+    """BROKER_OPTIONS' secret read with os.environ in settings: signed, never in any output."""
+    import base64
+
+    from outbox_core.brokers.signing import verify_signature
+
+    secret = "whsec_" + base64.b64encode(b"django-settings-secret-4711").decode()
+    with transaction.atomic():
+        event_id = outbox.enqueue("orders.created", {"n": 1})
+    receiver = _Receiver()
+    try:
+        result = manage(
+            "outbox",
+            "-vv",
+            "relay",
+            "--once",
+            env={"OUTBOX_BROKER_URL": receiver.url, "OBX_DJANGO_WEBHOOK_SECRET": secret},
+        )
+    finally:
+        receiver.close()
+    assert result.returncode == 0, result.stderr
+    assert len(receiver.received) == 1
+    headers, body = receiver.received[0]
+    verify_signature(secret, headers, body)  # raises unless signed with the settings' secret
+    assert headers["webhook-id"] == event_id
+    output = result.stdout + result.stderr
+    assert "relaying" in output  # -vv logged the start, and nothing of the secret
+    assert secret not in output and secret.removeprefix("whsec_") not in output

@@ -31,7 +31,5 @@ class Migration(migrations.Migration):
     operations = [
         # Not atomic: MySQL and MariaDB cannot roll DDL back, and Django refuses
         # DDL inside the atomic block it would otherwise wrap RunPython in.
-        migrations.RunPython(
-            install, uninstall, atomic=False, hints={"model_name": "outboxevent"}
-        ),
+        migrations.RunPython(install, uninstall, atomic=False, hints={"model_name": "outboxevent"}),
     ]

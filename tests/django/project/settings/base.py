@@ -4,6 +4,7 @@
 subprocess at Django's test database with it).
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -54,6 +55,13 @@ OUTBOX = {
     ),
     "POLL_INTERVAL": "100ms",
 }
+# The broker's options (tests set them through the environment of manage.py).
+_broker_options = json.loads(os.environ.get("OBX_DJANGO_BROKER_OPTIONS", "{}"))
+if os.environ.get("OBX_DJANGO_WEBHOOK_SECRET"):
+    # docs/django.md's idiom: a secret read from the environment, never on a command line.
+    _broker_options["secret"] = os.environ["OBX_DJANGO_WEBHOOK_SECRET"]
+if _broker_options:
+    OUTBOX["BROKER_OPTIONS"] = _broker_options
 
 DB_NAME = os.environ.get("OBX_DJANGO_DB_NAME")
 #: Appended to the test databases' names (``manage.py test`` run from inside the suite).
