@@ -41,6 +41,42 @@ DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 DEFAULT_BATCH_BYTES = DEFAULT_MAX_PAYLOAD
 
 
+def _urls(value: Any, name: str) -> tuple[str, ...]:
+    """``database_urls``: a list (TOML), or URLs separated by whitespace (the environment)."""
+    if value is None or value == "":
+        return ()
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) and i for i in items):
+        raise ConfigurationError(f"{name}: a list of database URLs, got {type(value).__name__}")
+    return tuple(items)
+
+
+def _weights(value: Any, name: str) -> dict[str, int]:
+    """``weights``: ``PATTERN=N,...`` or a TOML table; a pattern matches outbox names."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+        if any(not sep or not k.strip() for k, sep, _ in pairs):
+            raise ConfigurationError(f"{name}: PATTERN=WEIGHT,..., got {value!r}")
+        value = {k.strip(): v.strip() for k, _, v in pairs}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{name}: PATTERN=WEIGHT,... or a table, got {value!r}")
+    weights: dict[str, int] = {}
+    for pattern, weight in value.items():
+        try:
+            number = int(weight)
+        except (TypeError, ValueError):
+            number = 0
+        if isinstance(weight, bool) or not 1 <= number <= 100:
+            raise ConfigurationError(
+                f"{name}: the weight of {pattern!r} must be a whole number from 1 to 100, "
+                f"got {weight!r}"
+            )
+        weights[str(pattern)] = number
+    return weights
+
+
 def _columns(value: Any, name: str) -> ColumnMap | None:
     """``columns``: ``FIELD=COLUMN,...`` or a TOML table; the toolkit's own layout is None."""
     if value is None or value == "":
@@ -58,6 +94,10 @@ class Settings:
     #: (``postgresql+psycopg://user@host/app``, ``sqlite:///app.db``); an async
     #: driver is swapped for the sync one the relay uses.
     database_url: str | None = None
+    #: More databases whose outboxes the same commands and relay serve (``--db``
+    #: repeated; a TOML list; ``OUTBOX_DATABASE_URLS`` separated by spaces): one
+    #: relay drains them all, fairly (``schemas``, ``weights``).
+    database_urls: tuple[str, ...] = setting((), convert=_urls)
     #: Broker URL of ``outbox relay`` (``outbox status`` probes it too); its scheme picks
     #: the broker: ``amqp://``, ``kafka://``, ``nats://``, ``redis://``, ``https://``...
     broker_url: str | None = None
@@ -66,6 +106,19 @@ class Settings:
     table: str = "outbox"
     #: Database schema of the tables; None: the connection's default schema.
     schema: str | None = None
+    #: A shell-style pattern (``tenant_*``): every schema (PostgreSQL, SQL Server)
+    #: or database (MySQL, MariaDB) of each database URL holding the outbox table
+    #: is an outbox, found again while the relay runs; instead of ``schema``.
+    schemas: str | None = None
+    #: Many outboxes: how many batches an outbox may take in a row when its turn
+    #: comes (``tenant_big=3``; a pattern matches outbox names; others take 1).
+    weights: dict[str, int] = setting(default_factory=dict, convert=_weights)  # noqa: RUF009
+    #: Many outboxes: how often the relay looks for outboxes added and removed
+    #: (``schemas``), in seconds (or ``30s``).
+    discover_interval: float = setting(10.0, positive=True)
+    #: Many outboxes: the most outbox names metrics carry as labels; the outboxes
+    #: beyond them (in the order found) are counted under ``outbox="other"``.
+    metrics_outboxes: int = setting(100, minimum=1)
     #: The columns of an existing table that hold the toolkit's fields
     #: (``event_id=id,key=aggregate_id,topic=event_type``, or a TOML table of the
     #: same); None: the toolkit's own layout. ``outbox install`` adds only its
@@ -179,6 +232,10 @@ class Settings:
             raise ConfigurationError(
                 "defer_after must be positive (a long one, e.g. 365d, keeps every wait in memory)"
             )
+        if self.schema is not None and self.schemas is not None:
+            raise ConfigurationError(
+                "schema and schemas together: one schema, or a pattern of schemas, not both"
+            )
         if self.poll_interval <= 0 or self.max_poll_interval < self.poll_interval:
             raise ConfigurationError("poll_interval must be positive and <= max_poll_interval")
         # A heartbeat can wait behind a rebalance's locks for up to the relay
@@ -200,7 +257,7 @@ class Settings:
     def __repr__(self) -> str:
         # The URLs may hold passwords (userinfo or query): masked, like every log line.
         shown = ", ".join(
-            f"{f.name}={mask_url(value) if f.name.endswith('_url') and value else value!r}"
+            f"{f.name}={_masked(f.name, value)}"
             for f in fields(self)
             for value in [getattr(self, f.name)]
         )
@@ -210,6 +267,14 @@ class Settings:
         """A copy with ``changes`` applied (and converted); ``ordered=`` sets ``ordering``."""
         changes = ordering_alias(changes, self.ordering)
         return dataclasses.replace(self, **convert_fields(Settings, changes))
+
+
+def _masked(name: str, value: Any) -> str:
+    if name.endswith("_url") and value:
+        return mask_url(value)
+    if name.endswith("_urls"):
+        return repr(tuple(mask_url(v) for v in value))
+    return repr(value)
 
 
 def ordering_alias(values: Mapping[str, Any], current: str = "none") -> dict[str, Any]:

@@ -91,6 +91,10 @@ class Dialect(ABC):
     #: Largest claim batch the dialect accepts, and the most ids one statement
     #: binds (SQL Server takes at most 2,100 parameters per statement).
     max_batch: ClassVar[int] = 10_000
+    #: What a pattern of schemas (``--schemas``) finds in one database: ``schema``
+    #: (PostgreSQL, SQL Server), ``database`` (MySQL, MariaDB: a database is a
+    #: schema there), or None where the database has no schemas (SQLite).
+    schema_kind: ClassVar[str | None] = "schema"
     #: Why the server cannot end a transaction its client froze in (None: it
     #: can, through the idle limit :meth:`SessionSetup.configure` sets).
     frozen_transactions_stay: ClassVar[str | None] = None

@@ -237,8 +237,12 @@ class EnqueueStatements:
         """
         return None
 
-    def listener(self, engine: Engine) -> Listener | None:
-        """A connection that waits for :meth:`notify_statement` wake-ups (None: poll)."""
+    def listener(self, engine: Engine, channels: Sequence[str] = ()) -> Listener | None:
+        """A connection that waits for :meth:`notify_statement` wake-ups (None: poll).
+
+        On this table's channel, or on ``channels`` (a relay of many outboxes
+        listens on all of theirs on one connection).
+        """
         return None
 
 

@@ -40,6 +40,9 @@ class Listener(Protocol):
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True when a wake-up arrived."""
 
+    def received(self, timeout: float) -> list[str]:
+        """Block up to ``timeout`` seconds; the channels of the wake-ups that arrived."""
+
     def close(self) -> None:
         """Stop listening and drop the connection."""
 

@@ -57,6 +57,7 @@ class MysqlDialect(Dialect):
     """MySQL / MariaDB strategy: ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE``."""
 
     name: ClassVar[str] = "mysql"
+    schema_kind: ClassVar[str | None] = "database"
     analyze_sql: ClassVar[str] = "ANALYZE TABLE {table}"
     family: ClassVar[str] = "MySQL/MariaDB"
     #: No partial indexes: the work indexes lead with state instead (schema._add_work_indexes).

@@ -15,9 +15,9 @@ from outbox_core.partitions import partition_of
 
 
 class PgListener:
-    """A psycopg connection that ``LISTEN``s on one channel."""
+    """A psycopg connection that ``LISTEN``s on its channels."""
 
-    def __init__(self, engine: Engine, channel: str) -> None:
+    def __init__(self, engine: Engine, channels: Sequence[str]) -> None:
         from psycopg import sql
 
         self._raw = engine.raw_connection()
@@ -26,12 +26,21 @@ class PgListener:
             raise RuntimeError("the pool gave no driver connection")
         conn.autocommit = True
         # LISTEN has no SQLAlchemy construct; the channel is quoted as an identifier.
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        for channel in channels:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         self._conn = conn
 
     def wait(self, timeout: float) -> bool:
         """True when a notification arrived within ``timeout`` seconds."""
         return any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
+
+    def received(self, timeout: float) -> list[str]:
+        """The channels notified within ``timeout`` seconds (those already queued with them)."""
+        first = [n.channel for n in self._conn.notifies(timeout=timeout, stop_after=1)]
+        if not first:
+            return []
+        # Whatever else arrived meanwhile, without waiting again.
+        return first + [n.channel for n in self._conn.notifies(timeout=0)]
 
     def close(self) -> None:
         """Close the connection instead of returning a listening one to the pool."""
@@ -134,6 +143,6 @@ class PostgresqlEnqueue(EnqueueStatements):
         inserted = insert.returning(self.table.c.id).cte("i")
         return sa.select(sa.func.pg_notify(self.notify_channel(), "")).select_from(inserted)
 
-    def listener(self, engine: Engine) -> Listener | None:
+    def listener(self, engine: Engine, channels: Sequence[str] = ()) -> Listener | None:
         """``LISTEN`` on a connection of its own (autocommit, outside the pool)."""
-        return PgListener(engine, self.notify_channel())
+        return PgListener(engine, list(channels) or [self.notify_channel()])

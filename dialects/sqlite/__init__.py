@@ -40,6 +40,7 @@ class SqliteDialect(ReturningDialect):
         "until its process dies"
     )
     app_clock: ClassVar[bool] = True
+    schema_kind: ClassVar[str | None] = None
     parts: ClassVar[Parts] = Parts(
         session=SqliteSession,
         storage=SqliteStorage,

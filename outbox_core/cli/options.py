@@ -18,6 +18,7 @@ from outbox_core.brokers.base import create_broker, probe_quietly
 from outbox_core.config import Settings, load_settings
 from outbox_core.errors import ConfigurationError, OutboxError
 from outbox_core.fields import field_converters, parse_duration
+from outbox_core.fleet.targets import database_urls, is_many, outbox_for
 from outbox_core.outbox import Outbox
 from outbox_core.redaction import mask_url, redact
 
@@ -115,9 +116,20 @@ def _reason(exc: ConfigurationError, name: str) -> str:
 def db_options(func: F) -> F:
     """The options every database command shares."""
     options = [
-        click.option("--db", "database_url", help="Database URL [env OUTBOX_DATABASE_URL]."),
+        click.option(
+            "--db",
+            "database_url",
+            multiple=True,
+            help="Database URL [env OUTBOX_DATABASE_URL]; repeat it for the outboxes of "
+            "several databases.",
+        ),
         click.option("--table", help="Outbox table name [default: outbox]."),
         click.option("--schema", "schema", help="Database schema of the table."),
+        click.option(
+            "--schemas",
+            help="Every schema (MySQL: database) matching this pattern and holding the "
+            "table is an outbox, e.g. 'tenant_*' [env OUTBOX_SCHEMAS].",
+        ),
         click.option(
             "--columns",
             type=SettingValue("columns", "FIELD=COLUMN,..."),
@@ -140,30 +152,25 @@ def db_options(func: F) -> F:
 
 
 def settings_from(config_file: str | None, **values: Any) -> Settings:
-    """The settings: these option values over ``OUTBOX_*`` over the TOML file."""
+    """The settings: these option values over ``OUTBOX_*`` over the TOML file.
+
+    ``--db`` given more than once: the first is ``database_url``, the others
+    ``database_urls``.
+    """
+    urls = values.get("database_url")
+    if isinstance(urls, tuple | list):
+        values["database_url"] = urls[0] if urls else None
+        if len(urls) > 1:
+            values["database_urls"] = tuple(urls[1:])
     return load_settings(values, config_file=config_file)
 
 
 def open_outbox(settings: Settings) -> Outbox:
     """The outbox the settings name (refused, with the fix, when there is no database URL)."""
-    if not settings.database_url:
-        raise ConfigurationError(
-            "no database URL: pass --db, set OUTBOX_DATABASE_URL, or database_url in outbox.toml"
-        )
-    outbox = Outbox(
-        settings.database_url,
-        table=settings.table,
-        schema=settings.schema,
-        columns=settings.columns,
-        dialect=settings.dialect,
-        block_on_dead=settings.block_on_dead,
-        notify=settings.notify,
-    )
-    # Where its relays read (the doctor checks a log-tailing slot by these).
-    outbox.settings = outbox.settings.replace(
-        source=settings.source, slot=settings.slot, publication=settings.publication
-    )
-    return outbox
+    urls = database_urls(settings)
+    if is_many(settings):
+        raise ConfigurationError("this command works on one outbox: pass one --db and no --schemas")
+    return outbox_for(settings, urls[0], settings.schema)
 
 
 def broker_option(func: F) -> F:

@@ -90,6 +90,30 @@ class Cycle:
         self._finish_lock = threading.Lock()
         self._tokens = 0
 
+    # -- what the pipeline asks -------------------------------------------------------
+
+    @property
+    def ordered(self) -> bool:
+        """The claim strategy keeps keys in order: a claim sees what the last settle freed."""
+        return self.claimer.ordered
+
+    @property
+    def waits_for_settle(self) -> bool:
+        """A claim ahead of time waits for the settle in progress (ordered by heads)."""
+        return self.claimer.waits_for_settle
+
+    def stale(self, claim: Claim) -> bool:
+        """``claim`` waited long enough that its leases must be checked before publishing."""
+        return self.leases.stale(claim)
+
+    def revalidate(self, claim: Claim) -> Claim:
+        """``claim`` with only the events whose lease is still its own."""
+        return self.leases.revalidate(claim)
+
+    def log_failure(self, exc: DatabaseError, wait: float) -> None:
+        """A claim failed: logged once per outage by the connections."""
+        self.connections.log_failure(exc, "", wait)
+
     # -- the steps --------------------------------------------------------------------
 
     def new_token(self) -> str:

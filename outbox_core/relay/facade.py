@@ -43,7 +43,8 @@ from outbox_core.retry import RetryPolicy
 log = logging.getLogger("outbox.relay")
 
 
-def _relay_id() -> str:
+def default_relay_name() -> str:
+    """A relay's name when none is given: host, process and a random suffix."""
     host = socket.gethostname().split(".")[0][:20]
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -72,7 +73,7 @@ class Relay(ClosableRelay):
         self.dialect = dialect
         self.broker = broker
         self.settings = settings
-        self.name = name or _relay_id()
+        self.name = name or default_relay_name()
         #: This relay's id in the presence table and (ordered by key partitions) the
         #: membership table: unique per Relay object, whatever --name says.
         self.relay_id = unique_id(self.name)

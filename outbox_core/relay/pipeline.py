@@ -16,12 +16,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Protocol
 
+from outbox_core.config import Settings
 from outbox_core.errors import DatabaseError
-from outbox_core.message import CycleResult
+from outbox_core.message import CycleResult, Outcome
+from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.connections import RETRY_FIRST, RETRY_MAX
-from outbox_core.relay.cycle import Cycle
+from outbox_core.relay.control import Control
 from outbox_core.relay.leases import Claim
 from outbox_core.retry import Backoff
 
@@ -34,19 +38,67 @@ ERROR_FIRST = 0.5
 ERROR_MAX = 30.0
 
 
+class Steps(Protocol):
+    """What the pipeline drives: a relay's :class:`~outbox_core.relay.cycle.Cycle`, or a
+    fleet's cycles over many outboxes (:class:`~outbox_core.fleet.cycle.FleetCycle`)."""
+
+    settings: Settings
+    control: Control
+    breaker: Breaker
+
+    @property
+    def ordered(self) -> bool:
+        """A claim sees what the last settle freed."""
+
+    @property
+    def waits_for_settle(self) -> bool:
+        """A claim ahead of time waits for the settle in progress."""
+
+    def claim(self) -> Claim:
+        """Tx 1: one batch under a new token."""
+
+    def stale(self, claim: Claim) -> bool:
+        """The claim's leases must be checked before publishing."""
+
+    def revalidate(self, claim: Claim) -> Claim:
+        """The claim with only the events whose lease is still its own."""
+
+    def publish(
+        self, claim: Claim, *, interrupted: Callable[[], object] | None = None
+    ) -> Sequence[Outcome | None]:
+        """Publish the batch (no transaction open)."""
+
+    def settle_and_finish(
+        self, claim: Claim, outcomes: Sequence[Outcome | None], result: CycleResult
+    ) -> None:
+        """Tx 2 and the report (never raises)."""
+
+    def release(self, claim: Claim) -> int:
+        """Give the batch's claims back, unspent."""
+
+    def forget(self, token: str) -> None:
+        """The batch is settled or given back."""
+
+    def finish_quietly(self, result: CycleResult) -> None:
+        """Report a cycle; a database error logged."""
+
+    def log_failure(self, exc: DatabaseError, wait: float) -> None:
+        """A claim failed (logged once per outage)."""
+
+
 class Pipeline:
     """One ``run()`` of ``cycle``: claims run on ``db``, settles on ``settler``, up to
     ``depth`` of each in flight."""
 
     def __init__(
-        self, cycle: Cycle, db: ThreadPoolExecutor, settler: ThreadPoolExecutor, *, depth: int
+        self, cycle: Steps, db: ThreadPoolExecutor, settler: ThreadPoolExecutor, *, depth: int
     ) -> None:
         self.cycle = cycle
         self.db = db
         self.settler = settler
         self.depth = depth
         #: The claim strategy keeps keys in order: a claim sees what the last settle freed.
-        self.ordered = cycle.claimer.ordered
+        self.ordered = cycle.ordered
         self.prefetched: deque[Future[Claim]] = deque()
         self.settling: Future[None] | None = None
         settings = cycle.settings
@@ -72,9 +124,9 @@ class Pipeline:
             if claim is None:
                 continue
             result = CycleResult(claimed=len(claim.events))
-            if claim.events and cycle.leases.stale(claim):
+            if claim.events and cycle.stale(claim):
                 # A prefetched batch waited while the one before it was published.
-                claim = self.db.submit(cycle.leases.revalidate, claim).result()
+                claim = self.db.submit(cycle.revalidate, claim).result()
                 if not claim.events:
                     cycle.forget(claim.token)
                     self._finish(dataclasses.replace(result, lease_lost=claim.lost))
@@ -121,7 +173,7 @@ class Pipeline:
         after the database returns.
         """
         wait = (self.outage if exc.transient else self.errors).next()
-        self.cycle.connections.log_failure(exc, "", wait)
+        self.cycle.log_failure(exc, wait)
         return wait
 
     def _idle(self, result: CycleResult, was_prefetched: bool) -> None:
@@ -168,7 +220,7 @@ class Pipeline:
         still in flight, and take half a batch or nothing. (Ordered by key
         partitions, a claim waits for its own lane's batch instead.)
         """
-        if settling is not None and self.cycle.claimer.waits_for_settle:
+        if settling is not None and self.cycle.waits_for_settle:
             settling.result()  # settle_and_finish never raises
         return self.cycle.claim()
 

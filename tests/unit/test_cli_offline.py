@@ -37,7 +37,7 @@ def test_demo_holds_every_guarantee() -> None:
 
 def test_every_database_command_takes_the_same_database_options() -> None:
     """The options are declared once; doctor takes them like install, status and relay."""
-    shared = ["database_url", "table", "schema", "columns", "dialect", "config_file"]
+    shared = ["database_url", "table", "schema", "schemas", "columns", "dialect", "config_file"]
 
     def options(name: str) -> list[tuple[str, tuple[str, ...], str | None]]:
         command = main.commands[name]

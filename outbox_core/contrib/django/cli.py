@@ -60,7 +60,9 @@ REFUSED = {
 }
 #: The core's parameters (by name) Django fills in. verify's ``--broker`` is dropped too:
 #: the broker check is ``status --broker``, with the settings' broker and its options.
-_FILLED = frozenset({"database_url", "table", "schema", "columns", "dialect", "config_file"})
+_FILLED = frozenset(
+    {"database_url", "table", "schema", "schemas", "columns", "dialect", "config_file"}
+)
 #: ``OUTBOX_*`` variables emptied while a command runs: Django decides what they would.
 _EMPTIED = ("OUTBOX_SCHEMA", "OUTBOX_COLUMNS", "OUTBOX_DIALECT")
 _BROKER_URL_KEY = 'settings.OUTBOX["BROKER_URL"]'
