@@ -22,10 +22,13 @@ from outbox_core.cli.options import (
     settings_from,
 )
 from outbox_core.cli.wal import source_options, tailing_relay
+from outbox_core.config import Settings
 from outbox_core.errors import ConfigurationError
+from outbox_core.fleet.targets import database_urls, is_many
 from outbox_core.redaction import mask_url
 
 if TYPE_CHECKING:
+    from outbox_core.fleet import FleetRelay
     from outbox_core.metrics import MetricsServer, Served
     from outbox_core.outbox import Outbox
 
@@ -96,6 +99,22 @@ if TYPE_CHECKING:
     help="Remove sent rows older than this, e.g. 7d (0: never).",
 )
 @click.option("--notify/--no-notify", default=None, help="PostgreSQL LISTEN/NOTIFY wake-ups.")
+@click.option(
+    "--weights",
+    type=SettingValue("weights", "PATTERN=N,..."),
+    help="Many outboxes: batches per turn of the outboxes a pattern names, e.g. "
+    "'tenant_big=3' (others: 1).",
+)
+@click.option(
+    "--discover-interval",
+    type=SettingValue("discover_interval", "duration"),
+    help="Many outboxes: how often --schemas is looked at again, e.g. 10s.",
+)
+@click.option(
+    "--metrics-outboxes",
+    type=SettingValue("metrics_outboxes", "integer"),
+    help="Many outboxes: the most outbox labels in metrics (others: outbox=\"other\").",
+)
 @click.option("--metrics-port", type=PORT, help="Serve /metrics and /healthz on this port.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option("--name", help="Relay name used in lease tokens and logs.")
@@ -118,6 +137,9 @@ def relay(
     options = parse_broker_options(broker_options)
     # A broker URL missing '://' is refused before anything is logged or opened.
     check_broker_url(settings.broker_url)
+    if is_many(settings):
+        _relay_many(settings, options, metrics_port, once, name)
+        return
     outbox = open_outbox(settings)
     logging.getLogger("outbox.relay").info(
         "relaying %s -> %s",
@@ -173,6 +195,62 @@ def relay(
             server.stop()
 
 
+def _relay_many(
+    settings: Settings,
+    options: dict[str, Any],
+    metrics_port: int | None,
+    once: bool,
+    name: str | None,
+) -> None:
+    """``outbox relay`` over many outboxes (``--db`` repeated, ``--schemas``): one fleet."""
+    from outbox_core.fleet import FleetRelay
+
+    if settings.source != "table":
+        raise ConfigurationError(
+            "--source wal relays one outbox: many outboxes (--schemas, --db repeated) are "
+            "relayed from their tables"
+        )
+    log = logging.getLogger("outbox.relay")
+    log.info(
+        "relaying %s -> %s",
+        ", ".join(mask_url(u) for u in database_urls(settings))
+        + (f" (schemas {settings.schemas})" if settings.schemas else ""),
+        mask_url(settings.broker_url),
+    )
+    broker = create_broker(settings.broker_url or "", **options)
+    try:
+        fleet = FleetRelay(settings, broker, name=name)
+    except BaseException:
+        broker.close()
+        raise
+    try:
+        if not fleet.labels:
+            log.warning(
+                "no outbox found yet (%s); looking again every %.0fs",
+                f"no schema matches {settings.schemas} with a {settings.table} table"
+                if settings.schemas
+                else "no database answered",
+                settings.discover_interval,
+            )
+        server = _serve_fleet_metrics(fleet, metrics_port)
+    except BaseException:
+        fleet.close()
+        raise
+    try:
+        if once:
+            result = fleet.run_once()
+            fleet.close()
+            click.echo(
+                json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "errors"})
+            )
+            return
+        _settle_the_heap()
+        fleet.run()
+    finally:
+        if server is not None:
+            server.stop()
+
+
 def _serve_metrics(
     outbox: Outbox, relay: Served, port: int | None, slot: str | None = None
 ) -> MetricsServer | None:
@@ -183,6 +261,21 @@ def _serve_metrics(
 
     try:
         return MetricsServer(outbox, relay, port, slot=slot).start()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--metrics-port {port}: cannot listen there ({exc.strerror or exc}); "
+            "another relay or program has it: pick another port"
+        ) from None
+
+
+def _serve_fleet_metrics(fleet: FleetRelay, port: int | None) -> MetricsServer | None:
+    """``--metrics-port`` of a fleet: per-outbox metrics and /healthz."""
+    if port is None:
+        return None
+    from outbox_core.metrics import MetricsServer
+
+    try:
+        return MetricsServer.for_fleet(fleet, port).start()
     except OSError as exc:
         raise ConfigurationError(
             f"--metrics-port {port}: cannot listen there ({exc.strerror or exc}); "

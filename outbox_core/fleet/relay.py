@@ -202,8 +202,7 @@ class FleetRelay(ClosableRelay):
         batch from the outbox whose turn it is."""
         if not self.breaker.ready():
             return CycleResult()
-        self.cycle.probe_when_due(force=True)
-        claim = self.cycle.claim()
+        claim = self.cycle.claim()  # looks for work first when none is known or a poll is due
         result = CycleResult(claimed=len(claim.events))
         if not claim.events:
             return result
