@@ -2,43 +2,17 @@
 
 ``outbox relay --metrics-port 9108`` serves:
 
-* ``/metrics``: the metrics below, in the Prometheus text format;
+* ``/metrics``: the metrics the classes below construct, in the Prometheus
+  text format; docs/reference/metrics.md lists them, generated from the
+  constructors' arguments here. A relay over many outboxes exports the same
+  names, per outbox (the ``outbox`` label) and per database
+  (:mod:`outbox_core.fleet.metrics`);
 * ``/healthz``: 200 when the database answers, the broker answers and the
   relay finished a cycle recently, 503 with the reason otherwise. The JSON
   body always carries ``broker`` and ``database_state`` (the relay's own
   view of its connections): ``up``, ``since`` (ISO time of the last
-  change), ``seconds`` and ``error``.
-
-Metrics (Prometheus naming conventions):
-
-=============================================  =========  ==================================
-``outbox_events_published_total``              counter    by ``topic``
-``outbox_publish_failures_total``              counter    by ``reason``: retry, reject, lease_lost
-``outbox_events_dead_total``                   counter    by ``topic``
-``outbox_pending_events``                      gauge      read from the table at scrape time
-``outbox_oldest_pending_age_seconds``          gauge      read from the table at scrape time
-``outbox_dead_events``                         gauge      read from the table at scrape time
-``outbox_publish_latency_seconds``             histogram  commit (``created_at``) -> broker ok
-``outbox_claim_duration_seconds``              histogram  one claim transaction
-``outbox_mark_duration_seconds``               histogram  one settle transaction
-``outbox_batch_size``                          histogram  events per claim
-``outbox_broker_up``                           gauge      1 while the broker answers, 0 in an outage
-``outbox_broker_state_since_seconds``          gauge      Unix time of the last up/down change
-``outbox_database_up``                         gauge      1 while the relay reaches the database
-``outbox_events_given_back_total``             counter    unspent: the broker was unavailable
-``outbox_partitions_owned``                    gauge      partitioned ordering: this relay's share
-``outbox_partitions_unowned``                  gauge      partitions in no live relay's share
-                                                          (membership table, scrape time)
-``outbox_partition_changes_total``             counter    times this relay's share changed
-``outbox_partition_oldest_pending_seconds``    gauge      oldest pending event of its partitions
-``outbox_wal_lag_bytes``                       gauge      log tailing: WAL since the slot's
-                                                          confirmed position (scrape time)
-``outbox_wal_retained_bytes``                  gauge      log tailing: WAL the slot keeps
-``outbox_wal_held_events``                     gauge      log tailing: read, not yet published
-``outbox_wal_deferred_events``                 gauge      log tailing: waiting in the table
-``outbox_wal_oldest_unpublished_seconds``      gauge      log tailing: oldest event held,
-                                                          unread or deferred
-=============================================  =========  ==================================
+  change), ``seconds`` and ``error``. A relay over many outboxes: see
+  :func:`outbox_core.fleet.metrics.fleet_health`.
 
 With ``--source wal`` rows stay pending once published, so the table's
 pending gauges are not served (``outbox_dead_events`` is, from an indexed
@@ -49,6 +23,7 @@ the table).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -104,7 +79,8 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 _BATCH_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000)
 
 
-def _prometheus() -> Any:
+def require_prometheus() -> Any:
+    """The ``prometheus_client`` module, or a ConfigurationError naming the extra."""
     try:
         import prometheus_client
     except ImportError as exc:
@@ -114,73 +90,144 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-class RelayMetrics(RelayObserver):
-    """Counts what a relay does into a Prometheus registry."""
+class Families:
+    """prometheus_client's constructors, in one registry, with the ``outbox`` label first
+    where ``per_outbox`` (a relay over many outboxes).
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        prom = _prometheus()
-        self.published = prom.Counter(
-            "outbox_events_published", "Events the broker accepted.", ["topic"], registry=registry
+    The methods bear prometheus_client's names so that the reference's
+    generator (docs/hooks/reference.py), which reads the literal arguments of
+    such calls, lists the metrics built through them with their labels. The names and labels a relay over one outbox exports stay as they are
+    (dashboards and alerts select on them); a fleet's are the same names
+    with ``outbox`` added.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, per_outbox: bool) -> None:
+        self.prom = require_prometheus()
+        self.registry = registry
+        self.first: list[str] = ["outbox"] if per_outbox else []
+
+    def Counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Any:
+        """A counter; per outbox where asked."""
+        # Keywords: the reference's generator reads positional literals as metric names.
+        return self.prom.Counter(
+            name=name, documentation=doc, labelnames=[*self.first, *labels], registry=self.registry
         )
-        self.failures = prom.Counter(
+
+    def Histogram(
+        self, name: str, doc: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Any:
+        """A histogram; per outbox where asked."""
+        return self.prom.Histogram(
+            name=name,
+            documentation=doc,
+            labelnames=[*self.first, *labels],
+            buckets=buckets,
+            registry=self.registry,
+        )
+
+    def Gauge(self, name: str, doc: str) -> Any:
+        """A gauge of the whole relay (one broker, never per outbox)."""
+        return self.prom.Gauge(name=name, documentation=doc, registry=self.registry)
+
+
+class RelayMetrics(RelayObserver):
+    """Counts what a relay does into a Prometheus registry.
+
+    ``per_outbox``: a relay over many outboxes (:class:`~outbox_core.fleet.FleetRelay`),
+    whose counters and histograms carry an ``outbox`` label: each outbox's
+    cycles count through :meth:`for_outbox`'s observer. ``outbox_database_up``
+    is then served per database, read at scrape time, by the fleet's own
+    collector (:mod:`outbox_core.fleet.metrics`).
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, per_outbox: bool = False) -> None:
+        make = Families(registry, per_outbox=per_outbox)
+        self.per_outbox = per_outbox
+        #: The outbox this observer counts for (None: one relay's, or the fleet's own).
+        self.outbox: str | None = None
+        self._children: dict[str, RelayMetrics] = {}
+        self._lock = threading.Lock()
+        self.published = make.Counter(
+            "outbox_events_published", "Events the broker accepted.", ["topic"]
+        )
+        self.failures = make.Counter(
             "outbox_publish_failures",
             "Events not marked sent, by reason (retry, reject, lease_lost).",
             ["reason"],
-            registry=registry,
         )
-        self.dead = prom.Counter(
-            "outbox_events_dead", "Events made dead.", ["topic"], registry=registry
-        )
-        self.latency = prom.Histogram(
+        self.dead = make.Counter("outbox_events_dead", "Events made dead.", ["topic"])
+        self.latency = make.Histogram(
             "outbox_publish_latency_seconds",
             "From the event's commit (created_at) to the broker's acceptance.",
             buckets=_LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.claim_seconds = prom.Histogram(
-            "outbox_claim_duration_seconds",
-            "One claim transaction.",
-            buckets=_DURATION_BUCKETS,
-            registry=registry,
+        self.claim_seconds = make.Histogram(
+            "outbox_claim_duration_seconds", "One claim transaction.", buckets=_DURATION_BUCKETS
         )
-        self.mark_seconds = prom.Histogram(
+        self.mark_seconds = make.Histogram(
             "outbox_mark_duration_seconds",
             "One settle (mark sent / failed) transaction.",
             buckets=_DURATION_BUCKETS,
-            registry=registry,
         )
-        self.batch = prom.Histogram(
-            "outbox_batch_size", "Events per claim.", buckets=_BATCH_BUCKETS, registry=registry
+        self.batch = make.Histogram(
+            "outbox_batch_size", "Events per claim.", buckets=_BATCH_BUCKETS
         )
-        self.broker_up = prom.Gauge(
+        self.broker_up = make.Gauge(
             "outbox_broker_up",
             "1 while the broker answers, 0 during an outage (the relay claims nothing).",
-            registry=registry,
         )
         self.broker_up.set(1)
-        self.broker_since = prom.Gauge(
+        self.broker_since = make.Gauge(
             "outbox_broker_state_since_seconds",
             "Unix time at which outbox_broker_up last changed (the relay's start before that).",
-            registry=registry,
         )
         self.broker_since.set_to_current_time()
-        self.database_up = prom.Gauge(
-            "outbox_database_up",
-            "1 while the relay reaches the database, 0 while it cannot (it retries every 2 s).",
-            registry=registry,
-        )
-        self.database_up.set(1)
-        self.given_back = prom.Counter(
+        self.database_up: Any = None
+        if not per_outbox:
+            self.database_up = make.Gauge(
+                "outbox_database_up",
+                "1 while the relay reaches the database, 0 while it cannot (it retries every 2 s).",
+            )
+            self.database_up.set(1)
+        self.given_back = make.Counter(
             "outbox_events_given_back",
             "Claimed events given back unspent because the broker was unavailable.",
-            registry=registry,
         )
+
+    def for_outbox(self, label: str) -> RelayObserver:
+        """The observer of outbox ``label``'s cycles (the ``PerOutbox`` protocol of
+        :mod:`outbox_core.fleet.labelled`): the same families, ``outbox=label``.
+
+        Without ``per_outbox`` every outbox is counted together, unlabelled.
+        """
+        if not self.per_outbox:
+            return self
+        with self._lock:
+            child = self._children.get(label)
+            if child is None:
+                # A shallow copy: the same families (and gauges), its own label.
+                child = copy.copy(self)
+                child.outbox = label
+                self._children[label] = child
+            return child
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric``'s series for this outbox and ``labels`` (the metric itself when none)."""
+        values = (self.outbox, *labels) if self.per_outbox else labels
+        return metric.labels(*values) if values else metric
+
+    @property
+    def _counts(self) -> bool:
+        # A fleet's own observer hears no outbox's events: its children count them.
+        return not self.per_outbox or self.outbox is not None
 
     def claimed(self, events: Sequence[Event], seconds: float) -> None:
         """Claim duration and batch size."""
-        self.claim_seconds.observe(seconds)
+        if not self._counts:
+            return
+        self._child(self.claim_seconds).observe(seconds)
         if events:
-            self.batch.observe(len(events))
+            self._child(self.batch).observe(len(events))
 
     def settled(
         self,
@@ -193,25 +240,29 @@ class RelayMetrics(RelayObserver):
         seconds: float,
     ) -> None:
         """Published, failed and dead counts; commit-to-publish latency."""
-        self.mark_seconds.observe(seconds)
+        if not self._counts:
+            return
+        self._child(self.mark_seconds).observe(seconds)
         now = datetime.now(UTC)
+        latency = self._child(self.latency)
         kinds = {e.id: (e, o.kind) for e, o in zip(events, outcomes, strict=True)}
         for event, outcome in zip(events, outcomes, strict=True):
             if outcome.is_ok:
-                self.published.labels(event.topic).inc()
-                self.latency.observe(max(0.0, (now - event.created_at).total_seconds()))
+                self._child(self.published, event.topic).inc()
+                latency.observe(max(0.0, (now - event.created_at).total_seconds()))
         for failure in failures:
             event, kind = kinds[failure.id]
-            self.failures.labels("reject" if kind is OutcomeKind.REJECT else "retry").inc()
+            reason = "reject" if kind is OutcomeKind.REJECT else "retry"
+            self._child(self.failures, reason).inc()
             if failure.retry_in is None:  # rejected, or its attempts are spent
-                self.dead.labels(event.topic).inc()
+                self._child(self.dead, event.topic).inc()
         if lost:
-            self.failures.labels("lease_lost").inc(lost)
+            self._child(self.failures, "lease_lost").inc(lost)
 
     def cycle(self, result: CycleResult) -> None:
         """Events given back because the broker was unavailable."""
-        if result.unavailable:
-            self.given_back.inc(result.unavailable)
+        if result.unavailable and self._counts:
+            self._child(self.given_back).inc(result.unavailable)
 
     def broker_changed(self, state: BrokerState) -> None:
         """``outbox_broker_up`` and since when."""
@@ -219,8 +270,9 @@ class RelayMetrics(RelayObserver):
         self.broker_since.set(state.since)
 
     def database_changed(self, state: DatabaseState) -> None:
-        """``outbox_database_up``."""
-        self.database_up.set(1 if state.up else 0)
+        """``outbox_database_up`` (a fleet's is read per database at scrape time)."""
+        if self.database_up is not None:
+            self.database_up.set(1 if state.up else 0)
 
 
 class BacklogCollector:
@@ -392,7 +444,7 @@ class MetricsServer:
         *,
         slot: str | None = None,
     ) -> None:
-        prom = _prometheus()
+        prom = require_prometheus()
         self.registry = prom.CollectorRegistry()
         self.relay = relay
         self.outbox = outbox

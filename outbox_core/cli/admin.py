@@ -10,6 +10,14 @@ from typing import Any
 
 import click
 
+from outbox_core.cli.many import (
+    Outboxes,
+    exit_for,
+    outcomes_json,
+    refuse_log_tailing,
+    render_table,
+    results,
+)
 from outbox_core.cli.options import (
     DIALECT_NAMES,
     Duration,
@@ -21,7 +29,7 @@ from outbox_core.cli.options import (
     probe_broker,
     settings_from,
 )
-from outbox_core.cli.render import render_status
+from outbox_core.cli.render import render_status, render_statuses, status_totals
 from outbox_core.cli.wal import (
     check_wal,
     install_wal,
@@ -30,9 +38,12 @@ from outbox_core.cli.wal import (
     wal_status,
     with_log_tailing,
 )
+from outbox_core.config import Settings
 from outbox_core.dialects.base.adoption import EXISTING_ROWS
 from outbox_core.errors import ConfigurationError
 from outbox_core.fields import format_duration
+from outbox_core.fleet.targets import is_many
+from outbox_core.outbox import Outbox, Status
 from outbox_core.redaction import mask_url
 from outbox_core.schema import OutboxTables
 
@@ -61,6 +72,9 @@ def install(config_file: str | None, existing: str, **values: Any) -> None:
     settings = settings_from(config_file, **values)
     if existing != "pending" and settings.columns is None:
         raise ConfigurationError("--existing applies to a table adopted with --columns")
+    if is_many(settings):
+        install_many(settings, existing)
+        return
     outbox = open_outbox(settings)
     where = mask_url(outbox.url)
     if settings.source == "wal":
@@ -73,6 +87,23 @@ def install(config_file: str | None, existing: str, **values: Any) -> None:
             f"publication {publication!r} {'created' if made_publication else 'exists'}, "
             f"replication slot {slot!r} {'created' if made_slot else 'exists'}"
         )
+
+
+def install_many(settings: Settings, existing: str) -> None:
+    """``outbox install`` over many outboxes: every schema matching ``--schemas`` (the
+    table there or not), in every database; a row each."""
+    refuse_log_tailing(settings, "install")
+
+    def work(outbox: Outbox) -> str:
+        outbox.install(existing=existing)
+        return f"table {outbox.table.fullname!r} ready on {mask_url(outbox.url)}"
+
+    with Outboxes(settings, installing=True) as outboxes:
+        outcomes = outboxes.run(work)
+    click.echo(render_table(("outbox", "result"), outcomes, lambda text: [text], left=2))
+    done = len(list(results(outcomes)))
+    click.echo(f"installed in {done} of {len(outcomes)} outboxes")
+    exit_for(outcomes)
 
 
 @click.command()
@@ -138,6 +169,9 @@ def status(
     """
     settings = settings_from(config_file, **values)
     options = parse_broker_options(broker_options)
+    if is_many(settings):
+        status_many(settings, as_json, watch, options)
+        return
     outbox = open_outbox(settings)
     try:
         while True:
@@ -161,6 +195,42 @@ def status(
             time.sleep(watch)
     except KeyboardInterrupt:
         return  # ^C ends --watch, wherever it lands
+
+
+def status_many(
+    settings: Settings, as_json: bool, watch: float | None, options: dict[str, Any]
+) -> None:
+    """``outbox status`` over many outboxes: a row each and the totals, or
+    ``{"outboxes": {label: status}, "totals": {...}}`` with ``--json``."""
+    refuse_log_tailing(settings, "status")
+    with Outboxes(settings) as outboxes:
+        try:
+            while True:
+                outcomes = outboxes.run(lambda outbox: outbox.status())
+                broker = probe_broker(settings.broker_url, options) if settings.broker_url else None
+                if as_json:
+                    report: dict[str, Any] = {
+                        "outboxes": outcomes_json(outcomes, Status.as_dict),
+                        "totals": status_totals(outcomes),
+                    }
+                    if broker is not None:
+                        report["broker"] = broker
+                    text = json.dumps(report)
+                else:
+                    text = render_statuses(outcomes, broker)
+                if watch is None:
+                    click.echo(text)
+                    exit_for(outcomes)
+                    if broker is not None and not broker["up"]:
+                        sys.exit(1)
+                    return
+                if not as_json:
+                    click.clear()
+                click.echo(text)
+                time.sleep(watch)
+                outboxes.discover()  # a schema made or dropped since shows at the next refresh
+        except KeyboardInterrupt:
+            return
 
 
 @click.command()
@@ -195,7 +265,11 @@ def cleanup(
     """Delete sent events (and old inbox records) in batches; never unsent or dead rows."""
     if inbox_only and inbox_older_than is None:
         raise click.UsageError("--inbox-only needs --inbox-older-than")
-    outbox = open_outbox(settings_from(config_file, **values))
+    settings = settings_from(config_file, **values)
+    if is_many(settings):
+        cleanup_many(settings, None if inbox_only else older_than, inbox_older_than, batch)
+        return
+    outbox = open_outbox(settings)
     if not inbox_only:
         removed = outbox.cleanup(older_than=older_than, batch=batch)
         click.echo(f"removed {removed} sent events older than {format_duration(older_than)}")
@@ -206,6 +280,39 @@ def cleanup(
         click.echo(
             f"removed {removed} inbox records older than {format_duration(inbox_older_than)}"
         )
+
+
+def cleanup_many(
+    settings: Settings, older_than: float | None, inbox_older_than: float | None, batch: int
+) -> None:
+    """``outbox cleanup`` over many outboxes: what was removed in each, and the total.
+
+    ``older_than`` None: the inbox records only (``--inbox-only``).
+    """
+    from outbox_core.inbox import cleanup_inbox
+
+    def work(outbox: Outbox) -> list[int]:
+        removed = []
+        if older_than is not None:
+            removed.append(outbox.cleanup(older_than=older_than, batch=batch))
+        if inbox_older_than is not None:
+            removed.append(cleanup_inbox(outbox, inbox_older_than, batch))
+        return removed
+
+    headers, what = ["outbox"], []
+    if older_than is not None:
+        headers.append("sent events removed")
+        what.append(f"sent events older than {format_duration(older_than)}")
+    if inbox_older_than is not None:
+        headers.append("inbox records removed")
+        what.append(f"inbox records older than {format_duration(inbox_older_than)}")
+    with Outboxes(settings) as outboxes:
+        outcomes = outboxes.run(work)
+    totals = [sum(column) for column in zip(*results(outcomes), strict=True)]
+    total = [str(n) for n in totals] or ["0"] * (len(headers) - 1)
+    click.echo(f"cleanup: {', '.join(what)}")
+    click.echo(render_table(headers, outcomes, lambda counts: [str(n) for n in counts], total))
+    exit_for(outcomes)
 
 
 @click.command()
@@ -229,6 +336,33 @@ def replay(
             "replay needs a selector: --id ID (repeatable), --topic TOPIC, --key KEY, "
             "or --all for every dead event"
         )
-    outbox = open_outbox(settings_from(config_file, **values))
-    n = outbox.replay(ids=list(ids) or None, topic=topic, key=key, all=all_dead)
+    settings = settings_from(config_file, **values)
+    selectors: dict[str, Any] = {"ids": list(ids) or None, "topic": topic, "key": key}
+    if is_many(settings):
+        replay_many(settings, selectors, all_dead)
+        return
+    outbox = open_outbox(settings)
+    n = outbox.replay(**selectors, all=all_dead)
     click.echo(f"replayed {n} dead events")
+
+
+def replay_many(settings: Settings, selectors: dict[str, Any], all_dead: bool) -> None:
+    """``outbox replay`` over many outboxes: the selectors apply in each; counts per outbox.
+
+    ``--id`` is refused unless the settings name one outbox: ids are per
+    table, so id 7 is a different event in every outbox, and replaying all
+    of them would revive events nobody chose.
+    """
+    with Outboxes(settings) as outboxes:
+        if selectors["ids"] and len(outboxes.members) != 1:
+            names = ", ".join(m.label for m in outboxes.members)
+            raise ConfigurationError(
+                f"--id names rows of one outbox (an id is another event in each outbox), "
+                f"these settings name {len(outboxes.members)}: {names}; pick one with --db "
+                "and --schema, or a --schemas pattern matching it alone, or select by "
+                "--topic, --key or --all"
+            )
+        outcomes = outboxes.run(lambda outbox: outbox.replay(**selectors, all=all_dead))
+    total = str(sum(results(outcomes)))
+    click.echo(render_table(("outbox", "replayed"), outcomes, lambda n: [str(n)], [total]))
+    exit_for(outcomes)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from outbox_core.cli.many import Outcome, render_table, results
 from outbox_core.outbox import Status
 
 
@@ -117,6 +118,69 @@ def render_status(status: Status) -> str:
         for d in status.dead:
             error = (d.last_error or "").splitlines()[0][:100] if d.last_error else ""
             lines.append(f"  {d.topic:<30} {d.count:>6}  last error: {error}")
+    return "\n".join(lines)
+
+
+#: The columns of ``outbox status`` over many outboxes.
+STATUS_COLUMNS = ("outbox", "pending", "leased", "dead", "oldest pending", "relays")
+
+
+def status_cells(status: Status) -> list[str]:
+    """One outbox's row of ``outbox status`` over many outboxes (after its label)."""
+    counts = status.counts
+    return [
+        str(counts.get("pending", 0)),
+        str(counts.get("leased", 0)),
+        str(counts.get("dead", 0)),
+        format_age(status.oldest_pending_age),
+        str(len(status.fleet)),
+    ]
+
+
+def status_totals(outcomes: list[Outcome[Status]]) -> dict[str, Any]:
+    """The totals of ``outbox status`` over many outboxes (those that answered).
+
+    ``relays``: distinct relay ids (a relay serving many outboxes has a
+    presence row in each, counted once); ``oldest_pending_age``: the oldest
+    of all.
+    """
+    answered = list(results(outcomes))
+    counts: dict[str, int] = {}
+    for s in answered:
+        for state, n in s.counts.items():
+            counts[state] = counts.get(state, 0) + n
+    ages = [s.oldest_pending_age for s in answered if s.oldest_pending_age is not None]
+    return {
+        "outboxes": len(outcomes),
+        "failed": len(outcomes) - len(answered),
+        "counts": counts,
+        "oldest_pending_age": max(ages) if ages else None,
+        "created_last_minute": sum(s.created_last_minute for s in answered),
+        "sent_last_minute": sum(s.sent_last_minute for s in answered),
+        "relays": len({p.relay_id for s in answered for p in s.fleet}),
+    }
+
+
+def render_statuses(outcomes: list[Outcome[Status]], broker: dict[str, Any] | None) -> str:
+    """``outbox status`` over many outboxes: a row each, the totals, the last minute."""
+    totals = status_totals(outcomes)
+    counts = totals["counts"]
+    total = [
+        str(counts.get("pending", 0)),
+        str(counts.get("leased", 0)),
+        str(counts.get("dead", 0)),
+        format_age(totals["oldest_pending_age"]),
+        str(totals["relays"]),
+    ]
+    lines = [render_table(STATUS_COLUMNS, outcomes, status_cells, total)]
+    created, sent = totals["created_last_minute"], totals["sent_last_minute"]
+    answered = totals["outboxes"] - totals["failed"]
+    lines.append(
+        f"{answered} of {totals['outboxes']} outboxes answered; last minute: {created} in, "
+        f"{sent} out ({created / 60:.1f}/s in, {sent / 60:.1f}/s out)"
+    )
+    if broker is not None:
+        lines.append(broker_line(broker))
     return "\n".join(lines)
 
 

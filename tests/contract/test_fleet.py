@@ -87,14 +87,11 @@ def tenants(pg: str, maria: str, prefix: str) -> Iterator[tuple[list[str], list[
 def _enqueue(url: str, schema: str, n: int, *, keys: int = 3, commit: bool = True) -> list[str]:
     outbox = Outbox(url, schema=schema)
     ids = []
-    with outbox.engine.connect() as conn:
-        with conn.begin() as tx:
-            for i in range(n):
-                ids.append(
-                    outbox.enqueue(conn, topic="t.fleet", key=f"k{i % keys}", payload={"i": i})
-                )
-            if not commit:
-                tx.rollback()
+    with outbox.engine.connect() as conn, conn.begin() as tx:
+        for i in range(n):
+            ids.append(outbox.enqueue(conn, topic="t.fleet", key=f"k{i % keys}", payload={"i": i}))
+        if not commit:
+            tx.rollback()
     outbox.dispose()
     return ids
 
