@@ -136,11 +136,14 @@ class FleetCycle:
                 self.rota.drop(label)
                 continue
             if not lane.database.ready():
+                # Its database is in a backoff: the probe puts it back once it answers.
+                self.rota.drop(label)
                 continue
             try:
                 claim = lane.cycle.claim()
             except DatabaseError as exc:
                 lane.database.failed(exc)
+                self.rota.drop(label)
                 continue
             lane.database.answered()
             if not claim.events:

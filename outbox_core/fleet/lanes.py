@@ -65,6 +65,8 @@ class Database:
         )
         #: The outboxes of this database, by label.
         self.lanes: dict[str, Lane] = {}
+        #: Its outboxes were looked for successfully at least once.
+        self.discovered = False
         self._backoff = Backoff(RETRY_FIRST, RETRY_MAX, jitter=0.2)
         self._retry_at = 0.0
         self._lock = threading.Lock()

@@ -104,14 +104,17 @@ class FleetRelay(ClosableRelay):
         """The names of the outboxes served now."""
         return [lane.label for lane in self.lanes if not lane.retired]
 
-    def discover(self) -> None:
+    def discover(self, *, only_missing: bool = False) -> None:
         """Find the outboxes now (one statement per database): serve the new, let the gone go.
 
         A database that cannot be reached keeps what was found before and is
-        looked at again at the next discovery.
+        looked at again at the next discovery; ``only_missing``: only the
+        databases never looked at successfully (down when the relay started).
         """
         with self._discover_lock:
             for db in self.databases:
+                if only_missing and db.discovered:
+                    continue
                 if not db.ready():
                     continue
                 try:
@@ -122,6 +125,7 @@ class FleetRelay(ClosableRelay):
                     else:
                         log.warning("%s: finding outboxes failed: %s", db.key, exc)
                     continue
+                db.discovered = True
                 self._update(db, names)
 
     def _update(self, db: Database, names: Sequence[str | None]) -> None:

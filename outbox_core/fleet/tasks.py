@@ -41,7 +41,7 @@ class Upkeep:
     name = "outbox-upkeep"
     join_timeout = 30.0
 
-    def __init__(self, cycle: FleetCycle, discover: Callable[[], None]) -> None:
+    def __init__(self, cycle: FleetCycle, discover: Callable[..., None]) -> None:
         self.cycle = cycle
         self.discover = discover
         settings = cycle.settings
@@ -73,6 +73,10 @@ class Upkeep:
                     db.failed(exc)
         if self.discovering.due(now):
             self.discover()
+        elif not all(db.discovered for db in self.cycle.databases):
+            # Down when the relay started: found as soon as it answers (its
+            # breaker spaces the tries), not a discovery interval later.
+            self.discover(only_missing=True)
 
     def _lane(self, lane: Lane, now: float, *, clean: bool) -> None:
         cycle = lane.cycle
