@@ -30,14 +30,15 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
 from outbox_core.dialects.base.partitioned import Member
-from outbox_core.errors import ConfigurationError, OutboxError
+from outbox_core.endpoints import Endpoints, Reply
+from outbox_core.errors import OutboxError
 from outbox_core.message import CycleResult, Event, Failure, Outcome, OutcomeKind
+from outbox_core.metric_families import Families, require_prometheus
 from outbox_core.partitions import PARTITIONS, parse
 from outbox_core.redaction import redact
 from outbox_core.relay import BrokerState, DatabaseState, Relay, RelayObserver
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from outbox_core.config import Settings
+    from outbox_core.fleet import FleetRelay
     from outbox_core.outbox import Outbox
     from outbox_core.relay.tailing import TailingRelay
 
@@ -77,57 +79,6 @@ log = logging.getLogger("outbox.metrics")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _BATCH_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000)
-
-
-def require_prometheus() -> Any:
-    """The ``prometheus_client`` module, or a ConfigurationError naming the extra."""
-    try:
-        import prometheus_client
-    except ImportError as exc:
-        raise ConfigurationError(
-            "metrics need prometheus_client: pip install 'outbox-toolkit[prometheus]'"
-        ) from exc
-    return prometheus_client
-
-
-class Families:
-    """prometheus_client's constructors, in one registry, with the ``outbox`` label first
-    where ``per_outbox`` (a relay over many outboxes).
-
-    The methods bear prometheus_client's names so that the reference's
-    generator (docs/hooks/reference.py), which reads the literal arguments of
-    such calls, lists the metrics built through them with their labels. The names and labels a relay over one outbox exports stay as they are
-    (dashboards and alerts select on them); a fleet's are the same names
-    with ``outbox`` added.
-    """
-
-    def __init__(self, registry: CollectorRegistry, *, per_outbox: bool) -> None:
-        self.prom = require_prometheus()
-        self.registry = registry
-        self.first: list[str] = ["outbox"] if per_outbox else []
-
-    def Counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Any:
-        """A counter; per outbox where asked."""
-        # Keywords: the reference's generator reads positional literals as metric names.
-        return self.prom.Counter(
-            name=name, documentation=doc, labelnames=[*self.first, *labels], registry=self.registry
-        )
-
-    def Histogram(
-        self, name: str, doc: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
-    ) -> Any:
-        """A histogram; per outbox where asked."""
-        return self.prom.Histogram(
-            name=name,
-            documentation=doc,
-            labelnames=[*self.first, *labels],
-            buckets=buckets,
-            registry=self.registry,
-        )
-
-    def Gauge(self, name: str, doc: str) -> Any:
-        """A gauge of the whole relay (one broker, never per outbox)."""
-        return self.prom.Gauge(name=name, documentation=doc, registry=self.registry)
 
 
 class RelayMetrics(RelayObserver):
@@ -430,14 +381,15 @@ class WalCollector:
 
 
 class MetricsServer:
-    """Serves ``/metrics`` and ``/healthz`` for one relay on a background thread.
+    """Serves ``/metrics`` and ``/healthz`` for a relay on a background thread.
 
     ``slot`` names the replication slot of a log-tailing relay (``--source wal``).
+    A relay over many outboxes: :meth:`for_fleet` (``outbox`` None).
     """
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: Outbox | None,
         relay: Served,
         port: int,
         host: str = "0.0.0.0",
@@ -448,8 +400,13 @@ class MetricsServer:
         self.registry = prom.CollectorRegistry()
         self.relay = relay
         self.outbox = outbox
-        relay.observers.append(RelayMetrics(self.registry))
-        if slot is None:
+        if outbox is None:
+            from outbox_core.fleet.metrics import register_fleet
+
+            register_fleet(self.registry, relay)
+        else:
+            relay.observers.append(RelayMetrics(self.registry))
+        if slot is None and outbox is not None:
             self.registry.register(BacklogCollector(outbox))
         if isinstance(relay, Relay) and relay.membership is not None:
             self.registry.register(PartitionCollector(relay, relay.membership))
@@ -461,42 +418,42 @@ class MetricsServer:
         self.started = time.time()
         # Healthy while a cycle finished within this many seconds.
         self.stale_after = max(30.0, 3 * relay.settings.max_poll_interval + relay.settings.lease)
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] == "/metrics":
-                    body = prom.generate_latest(server.registry)
-                    self._reply(200, body, prom.CONTENT_TYPE_LATEST)
-                elif self.path.split("?")[0] == "/healthz":
-                    ok, detail = server.health()
-                    self._reply(200 if ok else 503, json.dumps(detail).encode(), "application/json")
-                else:
-                    self._reply(404, b"not found\n", "text/plain")
+        def metrics() -> Reply:
+            return 200, prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
 
-            def _reply(self, status: int, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def healthz() -> Reply:
+            ok, detail = self.health()
+            return 200 if ok else 503, json.dumps(detail).encode(), "application/json"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("metrics: " + format, *args)
+        routes = {"/metrics": metrics, "/healthz": healthz}
+        self.endpoints = Endpoints(routes, host, port, name="metrics")
+        self.port = self.endpoints.port
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="outbox-metrics")
-        self.thread.daemon = True
+    @classmethod
+    def for_fleet(cls, relay: FleetRelay, port: int, host: str = "0.0.0.0") -> MetricsServer:
+        """The server of a relay over many outboxes (call before ``relay.run()``).
+
+        Counters and histograms per outbox (``outbox`` label, bounded by
+        ``Settings.metrics_outboxes``), backlog gauges per outbox (one
+        statement per database per scrape), ``outbox_database_up`` per
+        database; ``/healthz`` as :func:`~outbox_core.fleet.metrics.fleet_health` says.
+        """
+        return cls(None, relay, port, host)
 
     def start(self) -> MetricsServer:
         """Start serving."""
-        self.thread.start()
+        self.endpoints.start()
         log.info("metrics on :%d (/metrics, /healthz)", self.port)
         return self
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Database reachable and a cycle finished recently."""
+        """Database reachable and a cycle finished recently (a fleet: see
+        :func:`~outbox_core.fleet.metrics.fleet_health`)."""
+        if self.outbox is None:
+            from outbox_core.fleet.metrics import fleet_health
+
+            return fleet_health(self.relay, self.started, self.stale_after)
         detail: dict[str, Any] = {"relay": self.relay.name}
         last = self.relay.last_cycle_at or self.started
         detail["seconds_since_last_cycle"] = round(time.time() - last, 3)
@@ -534,5 +491,4 @@ class MetricsServer:
 
     def stop(self) -> None:
         """Stop serving."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.endpoints.stop()

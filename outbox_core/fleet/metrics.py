@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from outbox_core.dialects.base.fleet_reads import backlogs
+from outbox_core.dialects.base.fleet_reads import BacklogReader
 from outbox_core.errors import DatabaseError, translate_errors
 from outbox_core.fleet.lanes import Database
 from outbox_core.fleet.relay import FleetRelay
@@ -73,7 +73,7 @@ class FleetBacklogCollector:
     """The backlog gauges of every outbox, by its (bounded) label, at scrape time.
 
     Each database is read with one statement for all its outboxes
-    (:func:`~outbox_core.dialects.base.fleet_reads.backlogs`), on a pooled
+    (:class:`~outbox_core.dialects.base.fleet_reads.BacklogReader`), on a pooled
     connection of its engine, not the relay's. A database the relay sees
     down is not read (its gauges are left out, and ``outbox_database_up``
     says why): a scrape never waits on a connection timeout there. Outboxes
@@ -86,13 +86,15 @@ class FleetBacklogCollector:
         self._cached: dict[str, Gauges] | None = None
         self._at = 0.0
         self._lock = threading.Lock()
+        self._readers: dict[Database, BacklogReader] = {}
 
     def _read_database(self, db: Database) -> list[tuple[str, int, int, float]]:
         lanes = [lane for lane in list(db.lanes.values()) if not lane.retired]
         if not lanes or not db.connections.state.up:
             return []
+        reader = self._readers.setdefault(db, BacklogReader())
         with translate_errors("backlog"), db.engine.connect() as conn:
-            found = backlogs(conn, [lane.dialect for lane in lanes])
+            found = reader.read(conn, [lane.dialect for lane in lanes])
         return [
             (lanes[b.index].label, b.pending, b.dead, b.oldest_pending_age or 0.0) for b in found
         ]
@@ -177,9 +179,8 @@ def fleet_health(relay: Served, started: float, stale_after: float) -> tuple[boo
     ``degraded``, each database down named in ``problem`` (URL masked). A
     probe that failed would have the orchestrator restart the relay, which
     cures no database and stops every other outbox's events meanwhile;
-    the relay already skips that database and tries it again with backoff
-    (at most every 2 s), and ``outbox_database_up{database=...} == 0`` is
-    what to alert on.
+    the relay already skips that database and tries it again with backoff,
+    and ``outbox_database_up{database=...} == 0`` is what to alert on.
     """
     fleet = _fleet(relay)
     now = time.time()
@@ -201,7 +202,7 @@ def fleet_health(relay: Served, started: float, stale_after: float) -> tuple[boo
     others = "; the other databases' are relayed" if len(down) < len(databases) else ""
     problems = [
         f"database {d['database']} unreachable since {d['since']} ({d['seconds']:.0f}s): "
-        f"{d['error']}; its {d['outboxes']} outboxes wait (tried again every 2s at most)"
+        f"{d['error']}; its {d['outboxes']} outboxes wait while it is tried again"
         f"{others}"
         for d in down
     ]
