@@ -8,6 +8,7 @@
 * ``cycle``: :class:`FleetCycle`, the steps the relay's pipeline drives;
 * ``tasks``: upkeep, presence rows and wake-ups;
 * ``labelled``: each outbox's observers under its label (bounded);
+* ``metrics``: /metrics and /healthz of a fleet (``MetricsServer.for_fleet``);
 * ``relay``: :class:`FleetRelay`, the facade.
 """
 
