@@ -1,4 +1,8 @@
-"""``outbox dashboard``: the web dashboard of one outbox, served by uvicorn."""
+"""``outbox dashboard``: the web dashboard of one outbox, or of many, served by uvicorn.
+
+``--db`` repeated or ``--schemas PATTERN`` serve the dashboard of many
+outboxes: an overview of them all and each one's pages below ``/o/<label>/``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import click
 from outbox_core.cli.options import db_options, handle_errors, open_outbox, settings_from
 from outbox_core.cli.wal import source_options, wal_status
 from outbox_core.errors import ConfigurationError
+from outbox_core.fleet.targets import Databases, is_many
 
 
 @click.command()
@@ -54,7 +59,8 @@ def dashboard(
 
     Read-only unless an operator token is configured (``OUTBOX_DASHBOARD_TOKEN``
     or ``--token-file``; never on the command line). Binds to 127.0.0.1 unless
-    ``--host`` says otherwise.
+    ``--host`` says otherwise. With many outboxes (``--db`` repeated,
+    ``--schemas``) its first page lists them all, each with its own pages.
     """
     try:
         import uvicorn
@@ -67,16 +73,24 @@ def dashboard(
         ) from exc
     settings = settings_from(config_file, **values)
     token = load_token(token_file)
-    outbox = open_outbox(settings)
-    tailing = None
-    if settings.source == "wal":
+    if is_many(settings):
+        from outbox_core.console.fleet import fleet_console_app
+        from outbox_core.console.many import Outboxes
 
-        def tailing() -> dict[str, Any] | None:
-            return dataclasses.asdict(wal_status(outbox, settings))
+        # Found again as often as the dashboard is read, at most every few seconds.
+        outboxes = Outboxes(Databases(settings), rediscover=min(settings.discover_interval, 5.0))
+        app = fleet_console_app(outboxes, token=token, hide_payloads=hide_payloads, refresh=refresh)
+    else:
+        outbox = open_outbox(settings)
+        tailing = None
+        if settings.source == "wal":
 
-    app = console_app(
-        outbox, token=token, hide_payloads=hide_payloads, refresh=refresh, log_tailing=tailing
-    )
+            def tailing() -> dict[str, Any] | None:
+                return dataclasses.asdict(wal_status(outbox, settings))
+
+        app = console_app(
+            outbox, token=token, hide_payloads=hide_payloads, refresh=refresh, log_tailing=tailing
+        )
     mode = "replays allowed with the token" if token else "read-only"
     click.echo(f"outbox dashboard on http://{host}:{port}/ ({mode})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

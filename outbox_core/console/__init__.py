@@ -2,7 +2,8 @@
 
 ``outbox dashboard --db URL`` serves it; :func:`console_app` mounts it in an
 ASGI application (FastAPI, Starlette, Django's ASGI), :func:`console_wsgi` in
-a WSGI one. Needs the ``dashboard`` extra (``pip install
+a WSGI one; :func:`fleet_console_app` serves many outboxes (``--db``
+repeated, ``--schemas``). Needs the ``dashboard`` extra (``pip install
 'outbox-toolkit[dashboard]'``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from outbox_core.console.app import console_app
+from outbox_core.console.fleet import fleet_console_app
 from outbox_core.console.security import TOKEN_ENV, load_token
 
 if TYPE_CHECKING:
@@ -24,4 +26,4 @@ def console_wsgi(outbox: Outbox, **options: Any) -> Any:
     return ASGIMiddleware(console_app(outbox, **options))  # type: ignore[arg-type]
 
 
-__all__ = ["TOKEN_ENV", "console_app", "console_wsgi", "load_token"]
+__all__ = ["TOKEN_ENV", "console_app", "console_wsgi", "fleet_console_app", "load_token"]

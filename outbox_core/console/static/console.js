@@ -83,3 +83,12 @@
   }
   window.setTimeout(poll, refresh * 1000);
 })();
+
+// The outbox switcher (many outboxes): choosing one goes there, no button needed.
+(function () {
+  "use strict";
+  var choice = document.getElementById("outbox-switch");
+  var form = document.getElementById("switcher");
+  if (!choice || !form || choice.tagName !== "SELECT") { return; }
+  choice.addEventListener("change", function () { form.submit(); });
+})();
