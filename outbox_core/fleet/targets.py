@@ -10,6 +10,7 @@ name, else the database's, made unique by more of the URL where two agree.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 from collections.abc import Iterator, Sequence
@@ -172,10 +173,10 @@ def label(members: list[Member]) -> list[Member]:
             break
         for m in clashing:
             depth[id(m)] += 1
-    for index, m in enumerate(members):
-        m.label = _names(m, depth[id(m)])
-        if sum(1 for o in members if _names(o, depth[id(o)]) == m.label) > 1:
-            m.label = f"{m.label}#{index}"
+    final = [_names(m, depth[id(m)]) for m in members]
+    counts = collections.Counter(final)
+    for index, (m, name) in enumerate(zip(members, final, strict=True)):
+        m.label = name if counts[name] == 1 else f"{name}#{index}"
     return members
 
 

@@ -56,10 +56,14 @@ REFUSED = {
     "--schema": "the table lives where Django's connection puts it",
     "--dialect": "the dialect is the one of Django's database backend",
     "--columns": "the table is the outbox_toolkit app's, laid out by its migrations",
+    "--schemas": "a Django database is one outbox: the generic `outbox relay --schemas` "
+    "relays many",
     "--config": "the settings come from settings.OUTBOX (outbox.toml is not read)",
 }
 #: The core's parameters (by name) Django fills in. verify's ``--broker`` is dropped too:
 #: the broker check is ``status --broker``, with the settings' broker and its options.
+#: The options of a relay over many outboxes: nothing to say in a Django project.
+_MANY = frozenset({"weights", "discover_interval", "metrics_outboxes"})
 _FILLED = frozenset(
     {"database_url", "table", "schema", "schemas", "columns", "dialect", "config_file"}
 )
@@ -97,7 +101,9 @@ def _params(core: click.Command) -> list[click.Parameter]:
     """The core command's parameters less those Django answers, in Django's words."""
     keep: list[click.Parameter] = []
     for param in core.params:
-        if param.name in _FILLED or (core.name == "verify" and param.name == "broker_url"):
+        if param.name in _FILLED or param.name in _MANY:
+            continue
+        if core.name == "verify" and param.name == "broker_url":
             continue
         if core.name == "relay" and param.name == "broker_url":
             param = _with_help(param, f"Broker URL [default: {_BROKER_URL_KEY}].")
