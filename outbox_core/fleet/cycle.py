@@ -12,13 +12,14 @@ outbox's own cycle's: the fleet only chooses which cycle claims next.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from outbox_core.config import Settings
-from outbox_core.dialects.base.discovery import probe
+from outbox_core.dialects.base.discovery import Due, probe
 from outbox_core.errors import DatabaseError
 from outbox_core.fleet.lanes import Database, Lane
 from outbox_core.fleet.rota import Rota
@@ -59,6 +60,8 @@ class FleetCycle:
         self._finish_lock = threading.Lock()
         #: Statements the probes ran (for the idle cost's benchmark and tests).
         self.probes = 0
+        #: Find the outboxes again now (set by the fleet: a table met was gone).
+        self.rediscover: Callable[[], None] = lambda: None
 
     # -- the outboxes -----------------------------------------------------------------
 
@@ -132,7 +135,7 @@ class FleetCycle:
         self.probe_when_due()
         for label in self.rota.turns():
             lane = self.lane(label)
-            if lane is None or lane.retired:
+            if lane is None or lane.left_out():
                 self.rota.drop(label)
                 continue
             if not lane.database.ready():
@@ -142,10 +145,17 @@ class FleetCycle:
             try:
                 claim = lane.cycle.claim()
             except DatabaseError as exc:
-                lane.database.failed(exc)
+                # Unreachable: the database's breaker; else this outbox's own
+                # failure (its table dropped): it alone is left out.
+                if exc.unreachable:
+                    lane.database.failed(exc)
+                else:
+                    lane.failed(exc)
+                    self.rediscover()
                 self.rota.drop(label)
                 continue
             lane.database.answered()
+            lane.answered()
             if not claim.events:
                 self.rota.drop(label)
                 continue
@@ -181,14 +191,20 @@ class FleetCycle:
             self._probing.release()
 
     def _probe(self, db: Database) -> int:
-        lanes = [lane for lane in db.lanes.values() if not lane.retired]
+        lanes = [lane for lane in db.lanes.values() if not lane.left_out()]
         if not lanes:
             return 0
         try:
             found = db.connections.call("probe", probe, [lane.dialect for lane in lanes])
         except DatabaseError as exc:
-            db.failed(exc)
-            return 0
+            if exc.unreachable:
+                db.failed(exc)
+                return 0
+            # The database answers, but an outbox's table is gone (a schema
+            # dropped) or unreadable: find the outboxes again, and probe each
+            # alone so that one tenant's table stalls no other.
+            self.rediscover()
+            lanes, found = self._probe_apart(db)
         finally:
             self.probes += 1
         db.answered()
@@ -199,6 +215,23 @@ class FleetCycle:
             if due.expired:
                 lane.reap_wanted = True
         return sum(1 for due in found if due.pending)
+
+    def _probe_apart(self, db: Database) -> tuple[list[Lane], list[Due]]:
+        """Probe each outbox of ``db`` alone; leave out those that fail."""
+        lanes = [lane for lane in db.lanes.values() if not lane.left_out()]
+        found: list[Due] = []
+        for index, lane in enumerate(lanes):
+            try:
+                answers = db.connections.call("probe", probe, [lane.dialect])
+            except DatabaseError as exc:
+                if exc.unreachable:
+                    db.failed(exc)
+                    break
+                lane.failed(exc)
+                continue
+            lane.answered()
+            found += [dataclasses.replace(due, index=index) for due in answers]
+        return lanes, found
 
     def publish(
         self, claim: Claim, *, interrupted: Callable[[], object] | None = None

@@ -12,6 +12,7 @@ presence table.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -34,6 +35,8 @@ from outbox_core.relay.leases import Claim, Leases
 from outbox_core.relay.observers import RelayObserver
 from outbox_core.relay.presence import Presence
 from outbox_core.retry import Backoff, RetryPolicy
+
+log = logging.getLogger("outbox.relay")
 
 #: Settles in flight per database: one running, one waiting behind it (as a relay's).
 SETTLES_PER_DATABASE = 2
@@ -178,6 +181,10 @@ class Lane:
         self.in_flight: set[str] = set()
         #: Found gone (its schema dropped, or it no longer matches): no new claims.
         self.retired = False
+        # A failure of this outbox's own (its table dropped or unreadable while the
+        # database answers): it is left out until this backoff passes.
+        self._failures = Backoff(RETRY_FIRST * 10, 60.0, jitter=0.2)
+        self._left_out_until = 0.0
         #: The probe saw leases that ran out here: reap when due.
         self.reap_wanted = False
         #: Events were settled since the last cleanup here (a first one runs at start).
@@ -188,6 +195,23 @@ class Lane:
 
     def __repr__(self) -> str:
         return f"Lane({self.label!r})"
+
+    def left_out(self) -> bool:
+        """Retired, or in a backoff after a failure of its own."""
+        return self.retired or time.monotonic() < self._left_out_until
+
+    def failed(self, exc: DatabaseError) -> None:
+        """A statement on this outbox failed while its database answers: leave it out for
+        a backoff step (its database and the other outboxes go on)."""
+        wait = self._failures.next()
+        self._left_out_until = time.monotonic() + wait
+        log.warning("outbox %s: %s; left out for %.0fs", self.label, exc, wait)
+
+    def answered(self) -> None:
+        """A statement on this outbox succeeded."""
+        if self._left_out_until:
+            self._failures.reset()
+            self._left_out_until = 0.0
 
     @property
     def channel(self) -> str:

@@ -90,6 +90,7 @@ class FleetRelay(ClosableRelay):
             settings, self.databases, self.breaker, self.control, self.observers
         )
         self._discover_lock = threading.Lock()
+        self.cycle.rediscover = self.discover
         self.discover()
 
     # -- the outboxes -------------------------------------------------------------------

@@ -35,6 +35,15 @@ log = logging.getLogger("outbox.relay")
 QUIET_BEAT = 10.0
 
 
+def fault(db: Database, lane: Lane, exc: DatabaseError) -> None:
+    """A statement on ``lane`` failed: its database's breaker if the database is out of
+    reach, else that outbox alone is left out for a while (its table dropped)."""
+    if exc.unreachable:
+        db.failed(exc)
+    else:
+        lane.failed(exc)
+
+
 class Upkeep:
     """Renew leases in flight; reap, clean up and rediscover when due (one thread)."""
 
@@ -67,10 +76,12 @@ class Upkeep:
             for lane in list(db.lanes.values()):
                 if not db.ready():
                     break
+                if lane.left_out():
+                    continue
                 try:
                     self._lane(lane, now, clean=clean)
                 except DatabaseError as exc:
-                    db.failed(exc)
+                    fault(db, lane, exc)
         if self.discovering.due(now):
             self.discover()
         elif not all(db.discovered for db in self.cycle.databases):
@@ -125,11 +136,13 @@ class Beats:
                 due = now - lane.beat_at >= (self.interval if busy else QUIET_BEAT)
                 if not due or lane.presence.installed is False:
                     continue
+                if lane.left_out():
+                    continue
                 try:
                     lane.presence.tick()
                     lane.beat_at = now
                 except DatabaseError as exc:
-                    db.failed(exc)
+                    fault(db, lane, exc)
 
     @staticmethod
     def leave(lane: Lane) -> None:
