@@ -17,6 +17,7 @@ from collections.abc import Callable
 from outbox_core.dialects.base import SessionLimits
 from outbox_core.message import Failure
 from outbox_core.verify.crash import relays_survive_sigkill
+from outbox_core.verify.fleet_check import fleet_outboxes
 from outbox_core.verify.harness import (
     Context,
     RollBack,
@@ -373,6 +374,11 @@ GUARANTEES: list[tuple[str, str, Callable[[Context], str | None]]] = [
         "state-machine",
         "random interleavings of producers and three relays keep every guarantee",
         state_machine,
+    ),
+    (
+        "fleet",
+        "fleet relays over several outboxes, added and dropped as they run, keep every guarantee",
+        fleet_outboxes,
     ),
     (
         "sigkill",
