@@ -205,10 +205,11 @@ class Settings:
     #: dots: a RabbitMQ routing key, a Kafka topic, a NATS subject and a Redis
     #: stream key alike); off, any text of up to 255 characters is stored.
     portable_topics: bool = True
-    #: Where ``outbox relay`` reads events: ``table`` (claims, polling) or ``wal``
-    #: (PostgreSQL's logical replication slot, always in per-key order); ``install``,
+    #: Where ``outbox relay`` reads events: ``table`` (claims, polling), ``wal``
+    #: (PostgreSQL's logical replication slot) or ``binlog`` (MySQL 8 / MariaDB
+    #: 10.6+'s binlog by GTID), the log modes always in per-key order; ``install``,
     #: ``uninstall``, ``status`` and ``doctor`` follow it. ``Outbox.relay()`` reads the table.
-    source: Literal["table", "wal"] = "table"
+    source: Literal["table", "wal", "binlog"] = "table"
     #: Log tailing: the replication slot; None: ``outbox_<table>`` (lower-case).
     slot: str | None = None
     #: Log tailing: the publication of the outbox table; None: ``outbox_<table>``
@@ -248,6 +249,11 @@ class Settings:
                 f"plus the relay's lock wait ({lock_wait:g}s for a {self.lease:g}s lease): "
                 f"got heartbeat {self.heartbeat:g}s, stale_after {self.stale_after:g}s"
             )
+
+    @property
+    def tails_log(self) -> bool:
+        """The relay reads a database's log (``wal``, ``binlog``), not the table."""
+        return self.source != "table"
 
     @property
     def ordered(self) -> bool:

@@ -77,11 +77,11 @@ def install(config_file: str | None, existing: str, **values: Any) -> None:
         return
     outbox = open_outbox(settings)
     where = mask_url(outbox.url)
-    if settings.source == "wal":
+    if settings.tails_log:
         check_wal(outbox)  # refused before the table is made
     outbox.install(existing=existing)
     click.echo(f"outbox table {outbox.table.fullname!r} ready on {where}")
-    if settings.source == "wal":
+    if settings.tails_log:
         slot, publication, made_slot, made_publication = install_wal(outbox, settings)
         click.echo(
             f"publication {publication!r} {'created' if made_publication else 'exists'}, "
@@ -117,7 +117,7 @@ def uninstall(config_file: str | None, **values: Any) -> None:
     log tailing is given up.
     """
     settings = settings_from(config_file, **values)
-    if settings.source != "wal":
+    if not settings.tails_log:
         raise ConfigurationError(
             "uninstall removes log tailing only: pass --source wal (the table is kept; "
             "drop it yourself)"
@@ -176,7 +176,7 @@ def status(
     try:
         while True:
             result = outbox.status()
-            if settings.source == "wal":
+            if settings.tails_log:
                 # Rows stay pending once published: the stream says what is out.
                 result = with_log_tailing(result, wal_status(outbox, settings))
             broker = None

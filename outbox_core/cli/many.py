@@ -70,11 +70,11 @@ def error_text(exc: BaseException) -> str:
 
 
 def refuse_log_tailing(settings: Settings, command: str) -> None:
-    """``--source wal`` reads one outbox's slot: refused over many outboxes."""
+    """Log tailing reads one outbox's log: refused over many outboxes."""
     if settings.source != "table":
         raise ConfigurationError(
-            f"{command} --source wal works on one outbox: many outboxes (--schemas, --db "
-            "repeated) are relayed from their tables"
+            f"{command} --source {settings.source} works on one outbox: many outboxes "
+            "(--schemas, --db repeated) are relayed from their tables"
         )
 
 

@@ -113,7 +113,7 @@ if TYPE_CHECKING:
 @click.option(
     "--metrics-outboxes",
     type=SettingValue("metrics_outboxes", "integer"),
-    help="Many outboxes: the most outbox labels in metrics (others: outbox=\"other\").",
+    help='Many outboxes: the most outbox labels in metrics (others: outbox="other").',
 )
 @click.option("--metrics-port", type=PORT, help="Serve /metrics and /healthz on this port.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
@@ -146,9 +146,9 @@ def relay(
         mask_url(outbox.url),
         mask_url(settings.broker_url),
     )
-    if settings.source == "wal":
+    if settings.tails_log:
         if once:
-            raise ConfigurationError("--source wal runs until SIGTERM: no --once")
+            raise ConfigurationError(f"--source {settings.source} runs until SIGTERM: no --once")
         broker = create_broker(settings.broker_url, **options)
         try:
             tailing = tailing_relay(outbox, broker, settings, name)  # not PostgreSQL: refused first
@@ -205,10 +205,10 @@ def _relay_many(
     """``outbox relay`` over many outboxes (``--db`` repeated, ``--schemas``): one fleet."""
     from outbox_core.fleet import FleetRelay
 
-    if settings.source != "table":
+    if settings.tails_log:
         raise ConfigurationError(
-            "--source wal relays one outbox: many outboxes (--schemas, --db repeated) are "
-            "relayed from their tables"
+            f"--source {settings.source} relays one outbox: many outboxes (--schemas, --db "
+            "repeated) are relayed from their tables"
         )
     log = logging.getLogger("outbox.relay")
     log.info(

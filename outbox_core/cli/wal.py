@@ -25,12 +25,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def source_options(func: F) -> F:
-    """``--source table|wal``, ``--slot``, ``--publication`` (settings of the same names)."""
+    """``--source table|wal|binlog``, ``--slot``, ``--publication`` (settings of the same
+    names)."""
     options = [
         click.option(
             "--source",
-            type=click.Choice(["table", "wal"]),
-            help="Read events by polling the table, or from PostgreSQL's log [default: table].",
+            type=click.Choice(["table", "wal", "binlog"]),
+            help="Read events by polling the table, from PostgreSQL's log (wal) or from "
+            "MySQL/MariaDB's binlog [default: table].",
         ),
         click.option("--slot", help="Log tailing: replication slot [default: outbox_<table>]."),
         click.option("--publication", help="Log tailing: publication [default: outbox_<table>]."),
@@ -42,22 +44,22 @@ def source_options(func: F) -> F:
 
 def check_wal(outbox: Outbox) -> None:
     """Refuse log tailing where it cannot work (the database, its settings, the role)."""
-    log_tailing(outbox.dialect).check(outbox)
+    log_tailing(outbox.dialect, outbox.settings.source).check(outbox)
 
 
 def install_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool, bool]:
     """Make what log tailing reads; (slot, publication, made each)."""
-    return log_tailing(outbox.dialect).install(outbox, settings)
+    return log_tailing(outbox.dialect, settings.source).install(outbox, settings)
 
 
 def uninstall_wal(outbox: Outbox, settings: Settings) -> tuple[str, str, bool]:
     """Drop what log tailing reads (its retained log is freed); the outbox table stays."""
-    return log_tailing(outbox.dialect).uninstall(outbox, settings)
+    return log_tailing(outbox.dialect, settings.source).uninstall(outbox, settings)
 
 
 def wal_status(outbox: Outbox, settings: Settings) -> TailingStatus:
     """The slot, its lag, its relay's last report (``outbox status --source wal``)."""
-    return log_tailing(outbox.dialect).status(outbox, settings)
+    return log_tailing(outbox.dialect, settings.source).status(outbox, settings)
 
 
 def with_log_tailing(status: Status, tailing: TailingStatus) -> Status:
@@ -81,5 +83,5 @@ def tailing_relay(
 ) -> TailingRelay:
     """A :class:`TailingRelay` of the outbox, after checking the server, slot and publication."""
     name = name or f"wal-{socket.gethostname().split('.')[0][:20]}-{os.getpid()}"
-    source = log_tailing(outbox.dialect).source(outbox, settings, name)
+    source = log_tailing(outbox.dialect, settings.source).source(outbox, settings, name)
     return TailingRelay(outbox.engine, broker, settings, source, name=name)

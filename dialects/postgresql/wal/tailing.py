@@ -58,6 +58,8 @@ def current_schema(conn: sa.Connection, outbox: Outbox) -> str:
 class LogicalReplication:
     """PostgreSQL's :class:`~outbox_core.relay.tailing.LogTailing`."""
 
+    kind = "wal"
+
     def names(self, settings: Settings) -> tuple[str, str]:
         """The slot and publication: the settings' or ``outbox_<table>`` (lower-case)."""
         return wal_names(settings)

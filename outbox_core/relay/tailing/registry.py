@@ -54,6 +54,9 @@ class ScratchSource(Protocol):
 class LogTailing(Protocol):
     """One database's log tailing: what ``--source wal`` asks of it."""
 
+    #: The ``--source`` value that reads this log: ``wal`` (PostgreSQL), ``binlog`` (MySQL).
+    kind: str
+
     def names(self, settings: Settings) -> tuple[str, str]:
         """The source's names (PostgreSQL: the slot and the publication)."""
 
@@ -85,8 +88,9 @@ def register_log_tailing(name: str, tailing: LogTailing) -> None:
     _TAILING[name] = tailing
 
 
-def log_tailing(dialect: Dialect) -> LogTailing:
-    """The dialect's log tailing; :class:`~outbox_core.errors.UnsupportedDatabase` if none."""
+def log_tailing(dialect: Dialect, source: str | None = None) -> LogTailing:
+    """The dialect's log tailing; :class:`~outbox_core.errors.UnsupportedDatabase` if none,
+    or if it is not read by ``--source source``."""
     found = _TAILING.get(dialect.name)
     if found is None:
         module = f"{type(dialect).__module__}.wal"
@@ -98,7 +102,13 @@ def log_tailing(dialect: Dialect) -> LogTailing:
         found = _TAILING.get(dialect.name)
     if found is None:
         raise UnsupportedDatabase(
-            f"--source wal reads PostgreSQL's logical replication, not {dialect.family}: "
-            "use --source table"
+            f"--source {source or 'wal'}: log tailing reads PostgreSQL's logical replication "
+            f"(--source wal) or MySQL/MariaDB's binlog (--source binlog), not "
+            f"{dialect.family}: use --source table"
+        )
+    if source not in (None, "table") and source != found.kind:
+        raise UnsupportedDatabase(
+            f"--source {source} does not read {dialect.family}'s log: use --source "
+            f"{found.kind} (or --source table)"
         )
     return found
