@@ -133,7 +133,9 @@ class FleetCycle:
         claims ahead.
         """
         self.probe_when_due()
-        for label in self.rota.turns():
+        passed: set[str] = set()
+        while (label := self.rota.pick(passed)) is not None:
+            passed.add(label)
             lane = self.lane(label)
             if lane is None or lane.left_out():
                 self.rota.drop(label)
@@ -161,8 +163,6 @@ class FleetCycle:
                 continue
             if not claim.more:
                 self.rota.drop(label)
-            else:
-                self.rota.took(label)
             with self._lock:
                 self._owners[claim.token] = lane
                 lane.in_flight.add(claim.token)

@@ -22,7 +22,7 @@ from outbox_core.errors import ConfigurationError, DatabaseError, OutboxError
 from outbox_core.fleet.cycle import FleetCycle
 from outbox_core.fleet.labelled import LabelBound, Labelled
 from outbox_core.fleet.lanes import Database, Lane
-from outbox_core.fleet.targets import Databases, Member, label
+from outbox_core.fleet.targets import Databases, Member, label, table_of
 from outbox_core.fleet.tasks import Beats, Upkeep, Wakeups
 from outbox_core.message import CycleResult
 from outbox_core.redaction import mask_url
@@ -126,11 +126,28 @@ class FleetRelay(ClosableRelay):
                     else:
                         log.warning("%s: finding outboxes failed: %s", db.key, exc)
                     continue
+                if not db.discovered and not names and self.settings.schemas is not None:
+                    log.warning(
+                        "%s: no schema matching %s holds table %s (looked again every %.0fs)",
+                        db.key,
+                        self.settings.schemas,
+                        self.settings.table,
+                        self.settings.discover_interval,
+                    )
                 db.discovered = True
                 self._update(db, names)
 
     def _update(self, db: Database, names: Sequence[str | None]) -> None:
         current = {lane.member.schema: lane for lane in db.lanes.values()}
+        # Two URLs of one MySQL server (or one PostgreSQL database) list the same
+        # schemas: each table is served once, by the first URL that found it.
+        elsewhere = {
+            table_of(other.base, lane.member.schema)
+            for other in self.databases
+            if other is not db
+            for lane in other.lanes.values()
+        }
+        names = [n for n in names if table_of(db.base, n) not in elsewhere or n in current]
         new = [n for n in names if n not in current]
         gone = [lane for schema, lane in current.items() if schema not in names]
         if new:

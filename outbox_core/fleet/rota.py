@@ -11,7 +11,7 @@ each: with one busy outbox, one batch (docs/design.md, Many outboxes).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection
 
 
 class Rota:
@@ -58,23 +58,26 @@ class Rota:
                 self._taken = 0
             self._ring.remove(label)
 
-    def turns(self) -> Iterator[str]:
-        """The outboxes to try, in turn, at most once each: the first that yields a batch
-        is charged a batch of its turn (:meth:`took`)."""
-        with self._lock:
-            order = list(self._ring)
-        yield from order
+    def pick(self, passed: Collection[str] = ()) -> str | None:
+        """The outbox whose turn it is (skipping ``passed``), charged a batch of its turn now.
 
-    def took(self, label: str) -> None:
-        """``label`` took a batch: once it took its weight in a row, the next one's turn comes."""
+        Charged as it is picked, under the lock: claims running at once on
+        two threads each take the next batch of the turn, and an outbox takes
+        exactly its weight in a row. One whose claim then finds nothing is
+        :meth:`drop` ped. None when every outbox with work is in ``passed``.
+        """
         with self._lock:
-            if label not in self._ring:
-                return
-            # The ring is rotated so that the outbox served is at its head.
+            label = next((x for x in self._ring if x not in passed), None)
+            if label is None:
+                return None
             while self._ring[0] != label:
-                self._ring.append(self._ring.pop(0))
-                self._taken = 0
+                self._rotate()
             self._taken += 1
             if self._taken >= self._weights.get(label, 1):
-                self._ring.append(self._ring.pop(0))
-                self._taken = 0
+                self._rotate()
+            return label
+
+    def _rotate(self) -> None:
+        """The next outbox's turn (lock held)."""
+        self._ring.append(self._ring.pop(0))
+        self._taken = 0

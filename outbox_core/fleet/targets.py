@@ -40,6 +40,15 @@ def is_many(settings: Settings) -> bool:
     return settings.schemas is not None or len(database_urls(settings)) > 1
 
 
+def table_of(outbox: Outbox, schema: str | None) -> tuple[object, ...]:
+    """Which table ``outbox``'s database holds in ``schema``: the same for two URLs of one
+    MySQL/MariaDB server (its databases are its schemas) or of one PostgreSQL database."""
+    url = outbox.url
+    if outbox.dialect.schema_kind == "database":
+        return url.get_backend_name(), url.host, url.port, schema or url.database
+    return url.get_backend_name(), url.host, url.port, url.database, schema
+
+
 def outbox_for(settings: Settings, db: str | object, schema: str | None) -> Outbox:
     """The outbox on ``db`` (a URL or a shared Engine) in ``schema``, as ``settings`` say."""
     outbox = Outbox(

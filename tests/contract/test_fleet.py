@@ -317,3 +317,19 @@ def test_what_a_fleet_cannot_do_is_refused_clearly(
 def test_a_fleet_refuses_key_partitions_in_the_api(pg: str) -> None:
     with pytest.raises(ConfigurationError, match="heads"):
         FleetRelay(Settings(database_url=pg, schemas="x*", ordering="partitions"), MemoryBroker())
+
+
+def test_two_urls_of_one_mariadb_server_relay_each_table_once(
+    maria: str, prefix: str, tenants: tuple[list[str], list[str]]
+) -> None:
+    _, maria_names = tenants
+    urls = _maria_urls(maria, maria_names)
+    fleet = FleetRelay(
+        Settings(database_url=urls[0], database_urls=(urls[1],), schemas=f"{prefix}m*"),
+        MemoryBroker(get_queue(f"once-{prefix}")),
+    )
+    try:
+        assert sorted(fleet.labels) == maria_names
+        assert [len(db.lanes) for db in fleet.databases] == [2, 0]
+    finally:
+        fleet.close()

@@ -12,11 +12,12 @@ def serve(rota: Rota, batches: int, *, drained: frozenset[str] = frozenset()) ->
     """Who takes each of ``batches`` batches, the first in turn taking one each time."""
     served = []
     for _ in range(batches):
-        for label in rota.turns():
+        passed: set[str] = set()
+        while (label := rota.pick(passed)) is not None:
+            passed.add(label)
             if label in drained:
                 rota.drop(label)
                 continue
-            rota.took(label)
             served.append(label)
             break
     return served
@@ -50,6 +51,34 @@ def test_adding_an_outbox_already_in_the_ring_changes_nothing() -> None:
     assert rota.add("b")
     assert not rota.add("a")
     assert rota.active() == ["a", "b"]
+
+
+def test_claims_at_once_on_two_threads_keep_each_turn_its_weight() -> None:
+    """Charged as picked: claims that overlap never start a second turn of one outbox."""
+    import threading
+
+    rota = Rota()
+    rota.add("big", 3)
+    rota.add("a")
+    rota.add("b")
+    served: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(2)
+
+    def claim_loop() -> None:
+        barrier.wait()
+        for _ in range(50):
+            label = rota.pick()
+            assert label is not None
+            with lock:
+                served.append(label)
+
+    threads = [threading.Thread(target=claim_loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert served.count("big") == 60 and served.count("a") == served.count("b") == 20
 
 
 def test_a_drained_outbox_leaves_and_the_next_is_served() -> None:
