@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from outbox_core.brokers.base import Broker
 from outbox_core.config import Settings
@@ -31,9 +30,9 @@ from outbox_core.relay.control import Control
 from outbox_core.relay.facade import default_relay_name
 from outbox_core.relay.lifecycle import ClosableRelay
 from outbox_core.relay.observers import RelayObserver
-from outbox_core.relay.pipeline import Pipeline
+from outbox_core.relay.pipeline import run_pipeline
 from outbox_core.relay.presence import unique_id
-from outbox_core.relay.schedule import Task, Tasks
+from outbox_core.relay.schedule import Task
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
 from outbox_core.retry import RetryPolicy
@@ -263,18 +262,7 @@ class FleetRelay(ClosableRelay):
                     ", ordered by heads" if self.settings.ordered else "",
                 )
                 self.breaker.probe_at_start()
-                tasks = Tasks(self.side_tasks())
-                tasks.start()
-                depth = self.claim_depth
-                try:
-                    with (
-                        ThreadPoolExecutor(depth, thread_name_prefix="outbox-db") as db,
-                        ThreadPoolExecutor(depth, thread_name_prefix="outbox-settle") as settler,
-                    ):
-                        Pipeline(self.cycle, db, settler, depth=depth).run()
-                finally:
-                    self.control.stop()
-                    tasks.join()
+                run_pipeline(self.cycle, self.side_tasks(), depth=self.claim_depth)
         finally:
             self.close()
             log.info("relay %s stopped", self.name)

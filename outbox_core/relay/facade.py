@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -33,9 +32,9 @@ from outbox_core.relay.delivery import Delivery
 from outbox_core.relay.leases import Leases
 from outbox_core.relay.lifecycle import ClosableRelay
 from outbox_core.relay.observers import RelayObserver
-from outbox_core.relay.pipeline import Pipeline
+from outbox_core.relay.pipeline import run_pipeline
 from outbox_core.relay.presence import Presence, unique_id
-from outbox_core.relay.schedule import Task, Tasks
+from outbox_core.relay.schedule import Task
 from outbox_core.relay.signals import stop_on_signals
 from outbox_core.relay.state import BrokerState, DatabaseState
 from outbox_core.retry import RetryPolicy
@@ -276,18 +275,7 @@ class Relay(ClosableRelay):
 
     def _run_loop(self) -> None:
         """The pipeline on this thread, the side tasks beside it; join them on exit."""
-        tasks = Tasks(self.side_tasks())
-        tasks.start()
-        depth = self.claim_depth
-        try:
-            with (
-                ThreadPoolExecutor(depth, thread_name_prefix="outbox-db") as db,
-                ThreadPoolExecutor(depth, thread_name_prefix="outbox-settle") as settler,
-            ):
-                Pipeline(self.cycle, db, settler, depth=depth).run()
-        finally:
-            self.control.stop()
-            tasks.join()
+        run_pipeline(self.cycle, self.side_tasks(), depth=self.claim_depth)
 
     def close(self) -> None:
         """Leave the ordered relays (handing over partitions); close connections and broker."""

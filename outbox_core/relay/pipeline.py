@@ -27,6 +27,7 @@ from outbox_core.relay.breaker import Breaker
 from outbox_core.relay.connections import RETRY_FIRST, RETRY_MAX
 from outbox_core.relay.control import Control
 from outbox_core.relay.leases import Claim
+from outbox_core.relay.schedule import Task, Tasks
 from outbox_core.retry import Backoff
 
 log = logging.getLogger("outbox.relay")
@@ -243,3 +244,19 @@ class Pipeline:
             return
         if taken.events:
             self.db.submit(self.cycle.release, taken).result()
+
+
+def run_pipeline(steps: Steps, tasks: Sequence[Task], *, depth: int) -> None:
+    """The pipeline of ``steps`` on this thread, ``tasks`` beside it, until stopped; then
+    stop and join the tasks (a relay's ``run()`` and a fleet's)."""
+    running = Tasks(tasks)
+    running.start()
+    try:
+        with (
+            ThreadPoolExecutor(depth, thread_name_prefix="outbox-db") as db,
+            ThreadPoolExecutor(depth, thread_name_prefix="outbox-settle") as settler,
+        ):
+            Pipeline(steps, db, settler, depth=depth).run()
+    finally:
+        steps.control.stop()
+        running.join()
