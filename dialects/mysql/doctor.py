@@ -165,11 +165,34 @@ def long_transactions(ctx: DoctorContext) -> Iterable[Finding]:
     )
 
 
+def binlog(ctx: DoctorContext) -> Iterable[Finding]:
+    """``--source binlog``: the server's binlog settings, the source's position still in the
+    binlog (an error once purged past it), its reader and the binlog kept."""
+    if ctx.outbox.settings.source != "binlog":
+        return []  # nothing to tail; the binlog extra may not even be installed
+    from outbox_core.dialects.mysql.binlog.diagnosis import log_tailing
+
+    return log_tailing(ctx)
+
+
+def binlog_backlog(ctx: DoctorContext) -> Iterable[Finding]:
+    """``--source binlog``: what waits in the stream, instead of the table's pending rows
+    (which stay pending once published in this mode)."""
+    if ctx.outbox.settings.source != "binlog":
+        return []
+    from outbox_core.dialects.mysql.binlog.diagnosis import stream_backlog
+
+    return stream_backlog(ctx)
+
+
 #: The checks this database adds to ``outbox doctor``, by finding name.
 CHECKS = [
     ("isolation", isolation),
     ("tables", engines),
     ("long_transactions", long_transactions),
+    ("log_tailing", binlog),
+    # Log tailing: stands instead of the table's backlog check.
+    ("backlog", binlog_backlog),
 ]
 
 DOCTOR = FamilyDoctor(

@@ -35,7 +35,7 @@ from outbox_core.dialects.mysql.binlog.server import (
 from outbox_core.dialects.mysql.binlog.source import BinlogReader, BinlogSource, RowEvents
 from outbox_core.dialects.mysql.binlog.stream import BinlogRow, BinlogStream, BinlogTransaction
 from outbox_core.dialects.mysql.binlog.table import BinlogTable, MysqlWrites
-from outbox_core.dialects.mysql.binlog.tailing import BinlogTailing
+from outbox_core.dialects.mysql.binlog.tailing import BinlogStatus, BinlogTailing
 from outbox_core.relay.tailing import register_log_tailing
 
 register_log_tailing("mysql", BinlogTailing())
@@ -49,6 +49,7 @@ __all__ = [
     "BinlogRow",
     "BinlogServer",
     "BinlogSource",
+    "BinlogStatus",
     "BinlogStream",
     "BinlogTable",
     "BinlogTailing",

@@ -175,3 +175,29 @@ def lock_holder(conn: Connection, lock: str) -> int | None:
     """The connection id holding the named lock (None: free)."""
     found = conn.execute(sa.text("SELECT IS_USED_LOCK(:n)"), {"n": lock}).scalar()
     return None if found is None else int(found)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The binlog files the server keeps (``SHOW BINARY LOGS``) and when it purges them."""
+
+    files: int
+    bytes: int
+    #: Seconds after which the server purges a binlog (0: never, by age).
+    expire_seconds: float
+
+
+def retention(conn: Connection) -> Retention:
+    """What the server keeps of its binlog and its expiry setting (needs BINLOG MONITOR,
+    formerly REPLICATION CLIENT)."""
+    logs = conn.execute(sa.text("SHOW BINARY LOGS")).all()
+    size = sum(int(row[1] or 0) for row in logs)
+    # MySQL 8 and MariaDB 10.6+ have binlog_expire_logs_seconds; expire_logs_days is older.
+    try:
+        seconds = _variables(conn, ["binlog_expire_logs_seconds"])["binlog_expire_logs_seconds"]
+        expire = float(seconds or 0)
+    except sa.exc.DBAPIError:
+        conn.rollback()
+        days = _variables(conn, ["expire_logs_days"])["expire_logs_days"]
+        expire = float(days or 0) * 86400
+    return Retention(len(logs), size, expire)

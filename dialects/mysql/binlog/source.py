@@ -35,6 +35,7 @@ from outbox_core.dialects.mysql.binlog.server import (
     lock_holder,
     purged_past,
     read_server,
+    retention,
 )
 from outbox_core.dialects.mysql.binlog.stream import BinlogRow, BinlogStream, BinlogTransaction
 from outbox_core.dialects.mysql.binlog.table import BinlogTable
@@ -262,15 +263,22 @@ class BinlogSource:
         return f"{server.count(later) - server.count(earlier)} transaction(s)"
 
     def facts(self, conn: sa.Connection) -> SourceFacts | None:
-        """The source: its reader (the lock's holder) and its confirmed position."""
+        """The source: its reader (the lock's holder), its confirmed position and the binlog
+        the server keeps (``SHOW BINARY LOGS``). No lag in bytes: a GTID is no offset (the
+        lag in transactions is :class:`~.tailing.BinlogStatus`'s)."""
         confirmed = self.table.progress.settled(conn, self.name)
         if confirmed is None:
             return None
         holder = lock_holder(conn, self.lock_id)
+        try:
+            retained: int | None = retention(conn).bytes
+        except sa.exc.DBAPIError:  # no BINLOG MONITOR: the size is unknown, the rest stands
+            conn.rollback()
+            retained = None
         return SourceFacts(
             active=holder is not None,
             reader_pid=holder,
             confirmed=confirmed,
             lag_bytes=None,
-            retained_bytes=None,
+            retained_bytes=retained,
         )

@@ -9,16 +9,24 @@ a relay reads; registered for the ``mysql`` dialect by this package.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
 from outbox_core.config import Settings
 from outbox_core.dialects.mysql.binlog.errors import BinlogNotReady, BinlogPurged
 from outbox_core.dialects.mysql.binlog.names import source_name
-from outbox_core.dialects.mysql.binlog.server import BinlogServer, purged_past, read_server
+from outbox_core.dialects.mysql.binlog.server import (
+    BinlogServer,
+    Retention,
+    purged_past,
+    read_server,
+    retention,
+)
 from outbox_core.dialects.mysql.binlog.source import BinlogSource
 from outbox_core.dialects.mysql.binlog.table import BinlogTable
 from outbox_core.outbox import Outbox
@@ -44,6 +52,26 @@ def ready_server(conn: sa.Connection, outbox: Outbox) -> BinlogServer:
 def current_schema(conn: sa.Connection, outbox: Outbox) -> str:
     """The outbox table's database (its schema, or the connection's current one)."""
     return outbox.table.schema or str(conn.execute(sa.text("SELECT DATABASE()")).scalar())
+
+
+@dataclass(frozen=True)
+class BinlogStatus(TailingStatus):
+    """``outbox status --source binlog``: the source's status and the binlog's figures.
+
+    Positions are GTIDs, not byte offsets, so ``lag_bytes`` and ``unread_bytes``
+    are None; the lag is ``lag_transactions`` (committed past the confirmed
+    GTID, in the server's GTID domain) and, in seconds, ``oldest_unpublished_age``.
+    ``retained_bytes`` is the binlog the server keeps (``SHOW BINARY LOGS``).
+    """
+
+    #: The binlog's last GTID (nothing committed lies beyond it).
+    binlog_end: str | None = None
+    #: Transactions committed past the confirmed GTID (the source's lag).
+    lag_transactions: int | None = None
+    #: Binlog files the server keeps.
+    binlog_files: int | None = None
+    #: Seconds after which the server purges a binlog (0: never by age).
+    binlog_expire_seconds: float | None = None
 
 
 class BinlogTailing:
@@ -102,12 +130,26 @@ class BinlogTailing:
         )  # fmt: skip
 
     def status(self, outbox: Outbox, settings: Settings) -> TailingStatus:
-        """The source, its reader, its relay's last report."""
+        """The source, its reader, its relay's last report, and the binlog: its end, the
+        transactions past the confirmed position, the files kept (:class:`BinlogStatus`)."""
         source = self._source(outbox, settings, "status")
         with outbox.engine.connect() as conn:
             server = read_server(conn)
             facts = source.facts(conn)
-            return source.table.source_status(conn, source.name, facts, server.describe)
+            status = source.table.source_status(conn, source.name, facts, server.describe)
+            if facts is None or facts.confirmed is None:
+                return status
+            try:
+                kept: Retention | None = retention(conn)
+            except sa.exc.DBAPIError:
+                kept = None
+        return BinlogStatus(
+            **{f.name: getattr(status, f.name) for f in dataclasses.fields(TailingStatus)},
+            binlog_end=server.describe(server.end),
+            lag_transactions=server.count(server.end) - server.count(facts.confirmed),
+            binlog_files=None if kept is None else kept.files,
+            binlog_expire_seconds=None if kept is None else kept.expire_seconds,
+        )
 
     def source(self, outbox: Outbox, settings: Settings, relay: str) -> BinlogSource:
         """The source a relay named ``relay`` reads, after checking the server, the
