@@ -42,15 +42,10 @@ def format_bytes(n: int | None) -> str:
 
 
 def render_log_tailing(t: dict[str, Any]) -> list[str]:
-    """The slot's lines (``outbox status --source wal``)."""
+    """The log source's lines (``outbox status --source wal`` or ``--source binlog``)."""
+    lines = _binlog_head(t) if "lag_transactions" in t else _slot_head(t)
     if not t["exists"]:
-        return [f"replication slot {t['slot']!r}: missing (`outbox install --source wal`)"]
-    reader = f"read by pid {t['reader_pid']}" if t["active"] else "NOT READ: no relay is connected"
-    lines = [
-        f"replication slot {t['slot']!r}: {reader}, confirmed {t['confirmed_lsn'] or '-'}",
-        f"slot lag: {format_bytes(t['lag_bytes'])} of WAL since its confirmed position, "
-        f"{format_bytes(t['retained_bytes'])} retained on the server",
-    ]
+        return lines
     oldest = format_age(t["oldest_unpublished_age"])
     if t["unread_bytes"] is not None:
         lines.append(f"unread: {format_bytes(t['unread_bytes'])} of WAL past the relay's last read")
@@ -68,6 +63,34 @@ def render_log_tailing(t: dict[str, Any]) -> list[str]:
     if t["deferred"]:
         lines.append(f"deferred: {t['deferred']} events wait in the table (long delays, backoffs)")
     return lines
+
+
+def _slot_head(t: dict[str, Any]) -> list[str]:
+    if not t["exists"]:
+        return [f"replication slot {t['slot']!r}: missing (`outbox install --source wal`)"]
+    reader = f"read by pid {t['reader_pid']}" if t["active"] else "NOT READ: no relay is connected"
+    return [
+        f"replication slot {t['slot']!r}: {reader}, confirmed {t['confirmed_lsn'] or '-'}",
+        f"slot lag: {format_bytes(t['lag_bytes'])} of WAL since its confirmed position, "
+        f"{format_bytes(t['retained_bytes'])} retained on the server",
+    ]
+
+
+def _binlog_head(t: dict[str, Any]) -> list[str]:
+    if not t["exists"]:
+        return [f"binlog source {t['slot']!r}: missing (`outbox install --source binlog`)"]
+    reader = (
+        f"read by connection {t['reader_pid']}"
+        if t["active"]
+        else "NOT READ: no relay holds its lock"
+    )
+    lag = t["lag_transactions"]
+    return [
+        f"binlog source {t['slot']!r}: {reader}, confirmed {t['confirmed_lsn'] or '-'}",
+        f"lag: {'-' if lag is None else lag} transactions to the binlog's end "
+        f"{t['binlog_end'] or '-'}, {format_bytes(t['retained_bytes'])} of binlog kept in "
+        f"{t['binlog_files'] if t['binlog_files'] is not None else '-'} files",
+    ]
 
 
 def render_status(status: Status) -> str:

@@ -182,10 +182,14 @@ def test_install_then_relay_delivers_each_committed_event_once_in_commit_order(
                  "the source confirmed up to the binlog's end")  # fmt: skip
         shown = status(server.url, outbox.table.name)
         print(f"\nbinlog status: {shown}")
+        text = run("status", "--source", "binlog", "--db", server.url, "--table", outbox.table.name)
         code, found = doctor(server.url, outbox.table.name)
     finally:
         relays.stop()
     assert shown["active"] and shown["reader_pid"] is not None
+    assert text.returncode == 0, text.stderr
+    assert "binlog source" in text.stdout and "read by connection" in text.stdout, text.stdout
+    assert "transactions to the binlog's end" in text.stdout, text.stdout
     assert shown["retained_bytes"] > 0 and shown["binlog_files"] >= 1
     assert shown["oldest_unpublished_age"] is not None and shown["oldest_unpublished_age"] < 5
     assert [f["severity"] for f in found["log_tailing"]] == ["ok"], found
