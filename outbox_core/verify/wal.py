@@ -1,4 +1,5 @@
-"""The log-tailing guarantees (``outbox relay --source wal``), on a throwaway source.
+"""The log-tailing guarantees (``outbox relay --source wal`` on PostgreSQL, ``--source
+binlog`` on MySQL/MariaDB), on a throwaway source.
 
 Each check gets the usual temporary outbox table plus a throwaway source of
 it (:func:`~outbox_core.verify.wal_feed.wal_feed`), read through the relay's
@@ -6,7 +7,10 @@ own reader, or by a :class:`~outbox_core.relay.tailing.TailingRelay`.
 
 The checks skip, with the reason, where log tailing cannot run: a database
 without it, or a server or role that cannot (PostgreSQL: ``wal_level`` not
-``logical``, no REPLICATION, psycopg2 missing, no free slot or WAL sender).
+``logical``, no REPLICATION, psycopg2 missing, no free slot or WAL sender;
+MySQL/MariaDB: the binlog off, not ROW with full images and metadata, no
+strict GTIDs, no replication privileges). The rows keep their ``wal-*`` ids
+whatever the log: ``wal`` names log tailing here, not PostgreSQL's WAL.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def _commit_shuffled(ctx: Context, n: int) -> tuple[list[str], list[int], set[in
 
 
 def wal_commit_order(ctx: Context) -> str:
-    """Transactions come from the slot in commit order, not id order; rolled back ones never.
+    """Log tailing reads transactions in commit order, not id order; rolled back ones never.
 
     Producers on separate connections each insert one event of one key, in
     turn (ids ascending), then commit in a shuffled order (the last to
@@ -96,10 +100,11 @@ def _positions(got: list[str], inserted: list[str]) -> list[int | str]:
 
 
 def wal_at_least_once(ctx: Context) -> str:
-    """What was read and not confirmed comes again from the slot; what was confirmed never.
+    """Log tailing reads again what was read and not confirmed; what was confirmed never.
 
-    Three transactions are read and only the first is confirmed: the slot's
-    confirmed position must reach it and stay before the second, and a new
+    Three transactions are read and only the first is confirmed: the source's
+    confirmed position (PostgreSQL: the slot's; the binlog: its progress row)
+    must reach it and stay before the second, and a new
     reader gets the second and third again (and one committed meanwhile),
     not the first. Once everything is confirmed a new reader gets nothing.
     """
@@ -362,9 +367,9 @@ def wal_relay(ctx: Context) -> str:
     key committed against their id order, some rolled back, and a key whose
     first event the broker rejects; some committed before the relay starts,
     some while it runs. Two keys' events are answered "retry" until let
-    go: the others are delivered meanwhile, and the slot is not confirmed
+    go: the others are delivered meanwhile, and the source is not confirmed
     past the one still held. The rejected row is marked dead in the table,
-    its key's later events held dead behind it, and at the end the slot is
+    its key's later events held dead behind it, and at the end the source is
     confirmed past everything.
     """
     answers = Answers()

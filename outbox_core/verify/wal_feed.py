@@ -3,8 +3,9 @@
 The database's log tailing makes it
 (:meth:`~outbox_core.relay.tailing.LogTailing.scratch`; PostgreSQL: a
 publication and a logical replication slot named after the check's
-temporary table, dropped whatever happens, and those of dead verify runs
-before) and it is read through the relay's own
+temporary table; MySQL/MariaDB: the table's ``<table>_wal``, its progress
+row at the binlog's end; dropped whatever happens, and those of dead verify
+runs before) and it is read through the relay's own
 :class:`~outbox_core.relay.tailing.LogReader`.
 """
 
