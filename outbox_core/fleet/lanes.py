@@ -38,8 +38,10 @@ from outbox_core.retry import Backoff, RetryPolicy
 
 log = logging.getLogger("outbox.relay")
 
-#: Settles in flight per database: one running, one waiting behind it (as a relay's).
-SETTLES_PER_DATABASE = 2
+#: Settles in flight per database, each on its own thread and connection: as many as the
+#: fleet's claims in flight (``FLEET_DEPTH``), so a busy database settles as fast as it
+#: is claimed from (one settle thread held a fleet over 50 outboxes to 0.3 of one relay).
+SETTLES_PER_DATABASE = 4
 
 
 class Database:
@@ -73,7 +75,9 @@ class Database:
         self._backoff = Backoff(RETRY_FIRST, RETRY_MAX, jitter=0.2)
         self._retry_at = 0.0
         self._lock = threading.Lock()
-        self._settler = ThreadPoolExecutor(1, thread_name_prefix="outbox-settle-db")
+        self._settler = ThreadPoolExecutor(
+            SETTLES_PER_DATABASE, thread_name_prefix="outbox-settle-db"
+        )
         self._settles = threading.BoundedSemaphore(SETTLES_PER_DATABASE)
 
     # -- the breaker ------------------------------------------------------------------
