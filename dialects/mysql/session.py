@@ -27,7 +27,21 @@ class MysqlSession(SessionSetup):
     def prepare(self, conn: Connection) -> None:
         """Claims and settles run at READ COMMITTED."""
         if conn.get_execution_options().get("isolation_level") != self.isolation_level:
-            conn.execution_options(isolation_level=self.isolation_level)
+            dbapi_error = conn.dialect.loaded_dbapi.Error
+            try:
+                conn.execution_options(isolation_level=self.isolation_level)
+            except dbapi_error as exc:
+                # SQLAlchemy lets the driver's error through here (its COMMIT and SET
+                # run outside the statement wrapper): raise it as a statement's is, so
+                # a connection the server dropped is an outage, not a crash.
+                conn.invalidate(exc)
+                raise sa.exc.DBAPIError.instance(
+                    "SET SESSION TRANSACTION ISOLATION LEVEL",
+                    None,
+                    exc,
+                    dbapi_error,
+                    connection_invalidated=True,
+                ) from exc
 
     def configure(self, conn: Connection, limits: SessionLimits) -> None:
         """``innodb_lock_wait_timeout``, and MariaDB's ``idle_transaction_timeout``.
