@@ -5,6 +5,7 @@ broker that notes arrivals, a bare ``LISTEN``."""
 from __future__ import annotations
 
 import collections
+import gc
 import threading
 import time
 import uuid
@@ -15,6 +16,10 @@ import sqlalchemy as sa
 
 from outbox_core import Event, Outbox, Outcome
 from outbox_core.brokers.base import Broker
+from outbox_core.fleet import FleetRelay
+from outbox_core.message import CycleResult
+from outbox_core.relay import Relay
+from outbox_core.relay.observers import OnCycle
 
 
 class Place:
@@ -193,3 +198,37 @@ class Listen:
         self.stopping = True
         self.thread.join(5)
         self.conn.close()
+
+
+def steady_rate(relay: Relay | FleetRelay, total: int, *, skip: float = 0.1) -> float:
+    """``relay.run()`` until ``total`` events are sent; events/s once the first ``skip`` of
+    them are out.
+
+    The first events carry each relay's start: its side tasks, and for a
+    fleet the first beat in each outbox's presence table and the compiling of
+    each outbox's own statements (once per process). The rate after them is
+    what a relay that has been running drains at, measured alike for both.
+    """
+    sent = 0
+    marks: dict[str, float] = {}
+
+    def count(result: CycleResult) -> None:
+        nonlocal sent
+        sent += result.sent
+        now = time.perf_counter()
+        if sent >= skip * total and "from" not in marks:
+            marks["from"], marks["sent"] = now, sent
+        if sent >= total and "to" not in marks:
+            marks["to"] = now
+            relay.stop()
+
+    relay.observers.append(OnCycle(count))
+    gc.collect()
+    gc.freeze()
+    worker = threading.Thread(target=relay.run, kwargs={"install_signal_handlers": False})
+    worker.start()
+    worker.join(600)
+    if sent < total:
+        relay.stop()
+        raise SystemExit(f"relay sent {sent} of {total}")
+    return (total - marks["sent"]) / (marks["to"] - marks["from"])

@@ -58,9 +58,9 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare_lease import bare_lease_rate
-from bench.common import PAYLOAD, Accept, bulk_prefill, run_until_sent
+from bench.common import PAYLOAD, Accept, bulk_prefill
 from bench.drain import load
-from bench.fleet_world import Counter, Listen, Place, Stopwatch
+from bench.fleet_world import Counter, Listen, Place, Stopwatch, steady_rate
 from bench.latency import percentile
 from outbox_core import Outbox
 from outbox_core.brokers.base import Broker
@@ -223,7 +223,7 @@ def drain_single(place: Place, args: argparse.Namespace, broker: Broker) -> floa
         outbox = Outbox(place.url, schema=names[0])
         relay = outbox.relay(broker, batch_size=args.batch, reap_interval=3600, cleanup_after=0)
         try:
-            return run_until_sent(relay, args.events, timeout=600)
+            return steady_rate(relay, args.events)
         finally:
             relay.close()
             outbox.dispose()
@@ -245,7 +245,7 @@ def drain_fleet(place: Place, args: argparse.Namespace, broker: Broker) -> float
         )
         fleet = FleetRelay(settings, broker)
         assert len(fleet.labels) == args.spread, fleet.labels
-        return run_until_sent(fleet, args.events, timeout=600)  # type: ignore[arg-type]
+        return steady_rate(fleet, args.events)
     finally:
         place.drop(names)
 

@@ -15,6 +15,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Iterator, Sequence
 from pathlib import PurePath
+from typing import Any
 
 from sqlalchemy.engine import URL, Connection
 
@@ -23,6 +24,9 @@ from outbox_core.dialects.base.discovery import schemas_holding, schemas_matchin
 from outbox_core.errors import ConfigurationError, translate_errors
 from outbox_core.outbox import Outbox
 from outbox_core.redaction import mask_url
+
+#: Compiled statements an engine of many outboxes keeps: about 15 per outbox for 1,000.
+COMPILED_STATEMENTS = 15_000
 
 
 def database_urls(settings: Settings) -> list[str]:
@@ -49,10 +53,16 @@ def table_of(outbox: Outbox, schema: str | None) -> tuple[object, ...]:
     return url.get_backend_name(), url.host, url.port, url.database, schema
 
 
-def outbox_for(settings: Settings, db: str | object, schema: str | None) -> Outbox:
+def outbox_for(
+    settings: Settings,
+    db: str | object,
+    schema: str | None,
+    engine_options: dict[str, Any] | None = None,
+) -> Outbox:
     """The outbox on ``db`` (a URL or a shared Engine) in ``schema``, as ``settings`` say."""
     outbox = Outbox(
         db,  # type: ignore[arg-type]
+        engine_options=engine_options,
         table=settings.table,
         schema=schema,
         columns=settings.columns,
@@ -92,7 +102,12 @@ class Databases:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         #: One outbox per database URL, owning the engine its schemas share.
-        self.bases = [outbox_for(settings, url, settings.schema) for url in database_urls(settings)]
+        # Each outbox's statements name its own table: SQLAlchemy's cache of compiled
+        # statements (500 by default) must hold those of hundreds of outboxes.
+        options = {"query_cache_size": COMPILED_STATEMENTS}
+        self.bases = [
+            outbox_for(settings, url, settings.schema, options) for url in database_urls(settings)
+        ]
         if settings.schemas is not None:
             for base in self.bases:
                 if base.dialect.schema_kind is None:
