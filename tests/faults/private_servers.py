@@ -112,16 +112,23 @@ def _reachable(bindir: Path, user: str) -> Path:
     if subprocess.run(check, capture_output=True).returncode == 0:
         return bindir
     built = (bindir / "postgres").stat().st_mtime_ns  # a wheel installed again: a new copy
-    tag = hashlib.sha256(f"{bindir}:{built}".encode()).hexdigest()[:12]
+    tag = hashlib.sha256(f"{bindir}:{built}:with-libs".encode()).hexdigest()[:12]
     home = Path(tempfile.gettempdir()) / f"outbox-pginstall-{tag}"
+    # The wheel's binaries find their shared libraries at $ORIGIN/../../../<package>.libs
+    # (auditwheel's RPATH): the copy keeps the package's folder and its .libs beside it.
+    package = bindir.parent.parent
+    libs = package.parent / f"{package.name}.libs"
     if not home.exists():
         staging = Path(tempfile.mkdtemp(prefix="outbox-pginstall-"))
-        shutil.copytree(bindir.parent, staging / "pginstall", symlinks=True)
-        staging.chmod(0o755)
+        shutil.copytree(bindir.parent, staging / package.name / "pginstall", symlinks=True)
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
+        for folder in (staging, staging / package.name):
+            folder.chmod(0o755)
         with contextlib.suppress(OSError):  # another process's copy got there first
             os.rename(staging, home)
         shutil.rmtree(staging, ignore_errors=True)
-    return home / "pginstall" / "bin"
+    return home / package.name / "pginstall" / "bin"
 
 
 @cache
