@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from outbox_core import Outbox
 from outbox_core.config import Settings
 from outbox_core.fleet import FleetRelay
+from outbox_core.fleet.relay import FLEET_DEPTH
 from tests.conftest import reachable_url
 from tests.contract.broker_fixtures import RabbitState
 from tests.faults.private_servers import PrivatePostgres, private_server
@@ -239,7 +240,12 @@ def test_weights_give_an_outbox_its_weight_of_batches_per_turn(
     ten: Tenants, rabbit: RabbitState, tmp_path: Path
 ) -> None:
     """``outbox relay --weights <big>=3``: with three backlogs, the big one gets 3 batches
-    per turn (by broker arrival order)."""
+    per turn, seen at the broker: 3 of every 5 batches over any stretch of four rounds.
+
+    The fleet has ``FLEET_DEPTH`` claims in flight, which may reach the broker in another
+    order than they were picked, so the runs by arrival are not exactly 3 (one claim at a
+    time, they are: ``..._run_once``). A turn of many batches (the bug of turns charged
+    after the claim) shows as a long run and a crowded stretch."""
     big, *others = list(ten.outboxes)[:3]
     batch, each = 50, 3000
     for label in (big, *others):
@@ -269,13 +275,17 @@ def test_weights_give_an_outbox_its_weight_of_batches_per_turn(
         if label == big:
             runs[-1] += 1
     turns = [round(r / batch) for r in runs]
+    batches = "".join("B" if label == big else "o" for label in window[::batch])
     print(
         f"\nweights {big}=3: while the three drained, events per outbox {shares}; the big "
-        f"one's turns in batches: {turns}"
+        f"one's runs in batches: {turns}; batches by arrival: {batches}"
     )
     for other in others:
         assert 2.5 <= shares[big] / shares[other] <= 3.5, shares
-    assert sum(1 for t in turns if t == 3) >= 0.8 * len(turns), turns
+    assert max(turns) <= 3 + FLEET_DEPTH - 1, turns
+    stretch = 4 * 5  # four rounds of 3 + 1 + 1 batches: 12 of the big one's
+    counts = [batches[i : i + stretch].count("B") for i in range(len(batches) - stretch + 1)]
+    assert counts and min(counts) >= 9 and max(counts) <= 15, (counts, batches)
 
 
 @pytest.fixture
