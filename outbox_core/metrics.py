@@ -368,11 +368,19 @@ class WalCollector:
         )
         if dead is not None:
             yield GaugeMetricFamily("outbox_dead_events", "Dead events in the table.", dead)
-        yield GaugeMetricFamily(
-            "outbox_wal_lag_bytes",
-            "WAL written since the slot's confirmed position.",
-            facts.lag_bytes or 0,
-        )
+        if facts.lag_bytes is not None:
+            yield GaugeMetricFamily(
+                "outbox_wal_lag_bytes",
+                "WAL written since the slot's confirmed position.",
+                facts.lag_bytes,
+            )
+        if facts.lag_transactions is not None:
+            yield GaugeMetricFamily(
+                "outbox_wal_lag_transactions",
+                "Transactions committed since the source's confirmed position (binlog: "
+                "GTIDs, which are no byte offsets).",
+                facts.lag_transactions,
+            )
         yield GaugeMetricFamily(
             "outbox_wal_retained_bytes",
             "WAL the slot keeps on the server's disk.",

@@ -14,7 +14,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
@@ -26,6 +26,7 @@ from outbox_core.columns import ColumnMap
 from outbox_core.config import DEFAULT_MAX_PAYLOAD, Settings
 from outbox_core.dialects.base import Dialect, delete_in_batches, get_dialect
 from outbox_core.dialects.base.presence import PresenceRow
+from outbox_core.dialects.base.values import aware
 from outbox_core.enqueue import Producer
 from outbox_core.errors import ConfigurationError, TableMissing, translate_errors
 from outbox_core.jsoncheck import JsonDefault
@@ -410,9 +411,9 @@ class Outbox:
         )
         age = since_sent = None
         if oldest is not None:
-            age = max(0.0, (_aware(now) - _aware(oldest)).total_seconds())
+            age = max(0.0, (aware(now) - aware(oldest)).total_seconds())
         if last_sent is not None:
-            since_sent = max(0.0, (_aware(now) - _aware(last_sent)).total_seconds())
+            since_sent = max(0.0, (aware(now) - aware(last_sent)).total_seconds())
         dead = [DeadTopic(topic, n, error) for topic, n, error in dead_rows]
         return Status(
             counts=counts,
@@ -494,7 +495,3 @@ def _is_sqlalchemy_async(conn: object) -> bool:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     return isinstance(conn, AsyncConnection | AsyncSession)
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from outbox_core.dialects.base.values import EventRow, FlowBucket, Overview
+from outbox_core.dialects.base.values import EventRow, FlowBucket, Overview, aware
 from outbox_core.errors import translate_errors
 from outbox_core.message import State
 from outbox_core.outbox import Outbox, RelayShare
@@ -41,9 +41,7 @@ HIDDEN = "hidden (--hide-payloads)"
 
 
 def _aware(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return None if value is None else aware(value)
 
 
 def _age(now: datetime, then: datetime | None) -> float | None:

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.schema import AddConstraint, CreateIndex, DropIndex
 
 from outbox_core.dialects.base.adoption import guess_columns
+from outbox_core.dialects.base.values import aware
 from outbox_core.doctor.family import Check, family_doctor
 from outbox_core.doctor.model import (
     DEAD_TUPLE_RATIO,
@@ -24,7 +25,6 @@ from outbox_core.doctor.model import (
     Finding,
     Severity,
     Thresholds,
-    aware,
     error_text,
     format_age,
 )

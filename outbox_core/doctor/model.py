@@ -7,7 +7,6 @@ dialect's own diagnostics (``outbox_core.dialects.<name>.doctor``) can use it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -120,11 +119,6 @@ def error_text(exc: BaseException) -> str:
     """The first line of an error (the driver's, when it wraps one), passwords masked."""
     detail = getattr(exc, "orig", None) or exc
     return redact(str(detail).strip().splitlines()[0] if str(detail).strip() else repr(detail))
-
-
-def aware(value: datetime) -> datetime:
-    """A naive database time taken as UTC."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def format_age(seconds: float) -> str:

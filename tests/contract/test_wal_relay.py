@@ -43,7 +43,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -374,11 +374,10 @@ def test_hand_over_order_follows_the_previous_relays_even_when_its_clock_was_ahe
     # The first relay's host clock ran 30 s ahead of the next one's.
     t = feed.outbox.table
     with feed.outbox.engine.begin() as conn:
-        conn.execute(
-            sa.update(t)
-            .where(t.c.event_id == early)
-            .values(lease_until=t.c.lease_until + sa.text("interval '30 seconds'"))
-        )
+        handed = conn.execute(sa.select(t.c.lease_until).where(t.c.event_id == early)).scalar()
+        assert handed is not None
+        ahead = handed + timedelta(seconds=30)
+        conn.execute(sa.update(t).where(t.c.event_id == early).values(lease_until=ahead))
     second = feed.start(MemoryBroker(queue), defer_after=1.0)
     wait_for(lambda: "s" in second.handover.keys, 10, "the key held at connect")
     (later,) = feed.enqueue(("s", {"n": 2}))

@@ -123,10 +123,13 @@ class SourceFacts:
     reader_pid: int | None
     #: Its confirmed position as the server keeps it.
     confirmed: int | None
-    #: Log written since the confirmed position.
+    #: Log written since the confirmed position (None where positions are no offsets).
     lag_bytes: int | None
     #: Log the server keeps on its disk for it.
     retained_bytes: int | None
+    #: Transactions committed since the confirmed position, where the log counts them
+    #: (MySQL/MariaDB: GTIDs).
+    lag_transactions: int | None = None
 
 
 class LogSource(Protocol):
