@@ -36,12 +36,19 @@ class Accept(Broker):
 
 
 def bulk_prefill(
-    outbox: Outbox, total: int, keys: int = 1000, chunk: int = 10_000, due_in: float = 0.0
+    outbox: Outbox,
+    total: int,
+    keys: int = 1000,
+    chunk: int = 10_000,
+    due_in: float = 0.0,
+    due_at: datetime | None = None,
 ) -> float:
-    """Insert ``total`` pending events with multi-row INSERTs, due in ``due_in`` s; events/s."""
+    """Insert ``total`` pending events with multi-row INSERTs, due in ``due_in`` s (or at
+    ``due_at``, aware UTC); events/s."""
     bind = outbox.dialect.storage.bind_time
     now = datetime.now(UTC).replace(tzinfo=None)
-    now, due = bind(now), bind(now + timedelta(seconds=due_in))
+    when = now + timedelta(seconds=due_in) if due_at is None else due_at.replace(tzinfo=None)
+    now, due = bind(now), bind(when)
     started = time.perf_counter()
     for start in range(0, total, chunk):
         ids = [str(uuid.uuid4()) for _ in range(start, min(start + chunk, total))]

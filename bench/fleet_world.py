@@ -204,10 +204,12 @@ def steady_rate(relay: Relay | FleetRelay, total: int, *, skip: float = 0.1) -> 
     """``relay.run()`` until ``total`` events are sent; events/s once the first ``skip`` of
     them are out.
 
-    The first events carry each relay's start: its side tasks, and for a
-    fleet the first beat in each outbox's presence table and the compiling of
-    each outbox's own statements (once per process). The rate after them is
-    what a relay that has been running drains at, measured alike for both.
+    The first events carry the ramp-up of the relay's pipeline. The callers
+    load the events due after the relay's own start (its side tasks, and for
+    a fleet the first beat in each outbox's presence table), so that is not
+    measured; the compiling of each outbox's statements in its first batches
+    is. The rate is what a relay that has been running drains a backlog at,
+    measured alike for both.
     """
     sent = 0
     marks: dict[str, float] = {}

@@ -25,7 +25,12 @@ database per outbox, named after ``--prefix``).
    keeps nothing (the database side alone) and to Redis Streams (``--redis``).
    Ceilings: the bare lease loop on a minimal table on the raw driver
    (``bench/bare_lease.py``) and redis-py pipelining ``XADD`` at its best
-   (``bench/relay_redis.py``). The order alternates by round.
+   (``bench/relay_redis.py``). The order alternates by round. The events are
+   loaded due ``--due-after`` s from the load's start, and each relay starts
+   right after the load: it has done its start's work (for a fleet, its row
+   in every outbox's presence table) and sits idle when the backlog falls
+   due, so the rate is a running relay's, measured alike for both (each
+   outbox's statements are still compiled during its first batches).
 3. **Latency**: fresh events at ``--rate`` in one tenant, commit to broker,
    first for ``--quiet-seconds`` with every tenant quiet, then while another
    tenant drains ``--backlog`` events (a FleetRelay over the idle outboxes,
@@ -36,7 +41,7 @@ database per outbox, named after ``--prefix``).
     python bench/many_outboxes.py
     python bench/many_outboxes.py --idle-seconds 30 --events 50000 --rounds 3
     python bench/many_outboxes.py --db mysql+pymysql://root@127.0.0.1:3306/test --parts drain
-    python bench/many_outboxes.py --outboxes 4 --singles 2 --warmup 0.5 --idle-seconds 1 --events 400 --spread 2 --rounds 1 --backlog 1000 --rate 20 --quiet-seconds 0.5
+    python bench/many_outboxes.py --outboxes 4 --singles 2 --warmup 0.5 --idle-seconds 1 --events 400 --spread 2 --rounds 1 --due-after 3 --backlog 1000 --rate 20 --quiet-seconds 0.5
 """  # noqa: E501
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -205,20 +211,25 @@ def print_idle(rows: Sequence[Idle], args: argparse.Namespace) -> None:
 # -- 2. drain -------------------------------------------------------------------------
 
 
-def loaded(place: Place, names: Sequence[str], total: int) -> None:
-    """Fresh outboxes ``names`` holding ``total`` due events between them, analyzed."""
+def loaded(place: Place, names: Sequence[str], total: int, due_after: float) -> None:
+    """Fresh outboxes ``names`` holding ``total`` events between them, analyzed, all due
+    ``due_after`` s from now: the relay started after the load has done its start's
+    work (and is idle) by then, so the drain measured is a running relay's."""
+    due_at = datetime.now(UTC) + timedelta(seconds=due_after)
     outboxes = place.create(names)
     share = total // len(outboxes)
     for i, outbox in enumerate(outboxes):
-        bulk_prefill(outbox, share + (total % len(outboxes) if i == 0 else 0))
+        bulk_prefill(outbox, share + (total % len(outboxes) if i == 0 else 0), due_at=due_at)
         with outbox.engine.begin() as conn:
             outbox.dialect.analyze(conn)
+    if datetime.now(UTC) > due_at - timedelta(seconds=1):
+        raise SystemExit(f"loading {total} events took longer than --due-after {due_after:g}")
 
 
 def drain_single(place: Place, args: argparse.Namespace, broker: Broker) -> float:
     """One Relay over one outbox holding every event."""
     names = place.names("one", 1)
-    loaded(place, names, args.events)
+    loaded(place, names, args.events, args.due_after)
     try:
         outbox = Outbox(place.url, schema=names[0])
         relay = outbox.relay(broker, batch_size=args.batch, reap_interval=3600, cleanup_after=0)
@@ -234,7 +245,7 @@ def drain_single(place: Place, args: argparse.Namespace, broker: Broker) -> floa
 def drain_fleet(place: Place, args: argparse.Namespace, broker: Broker) -> float:
     """One FleetRelay over ``--spread`` outboxes sharing the events."""
     names = place.names("d", args.spread)
-    loaded(place, names, args.events)
+    loaded(place, names, args.events, args.due_after)
     try:
         settings = Settings(
             database_url=place.url,
@@ -464,6 +475,13 @@ def main() -> None:
     parser.add_argument("--spread", type=int, default=50, help="outboxes sharing the events")
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--due-after",
+        type=float,
+        default=10.0,
+        help="drain: seconds from the load's start to the events' due time (the relay starts "
+        "and settles meanwhile)",
+    )
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=100.0, help="fresh events per second")
     parser.add_argument("--quiet-seconds", type=float, default=5.0)

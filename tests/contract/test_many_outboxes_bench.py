@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "many_outboxes.py"
 TINY = (
     "--outboxes", "4", "--singles", "2", "--warmup", "0.5", "--idle-seconds", "1",
-    "--events", "400", "--spread", "2", "--rounds", "1",
+    "--events", "400", "--spread", "2", "--rounds", "1", "--due-after", "3",
     "--backlog", "1000", "--rate", "20", "--quiet-seconds", "0.5",
 )  # fmt: skip
 ROWS = (
