@@ -374,18 +374,16 @@ class WalCollector:
                 "WAL written since the slot's confirmed position.",
                 facts.lag_bytes,
             )
-        if facts.lag_transactions is not None:
+        if facts.lag_transactions is not None:  # the binlog: GTIDs are no byte offsets
             yield GaugeMetricFamily(
                 "outbox_wal_lag_transactions",
-                "Transactions committed since the source's confirmed position (binlog: "
-                "GTIDs, which are no byte offsets).",
+                "Transactions committed since the source's confirmed position.",
                 facts.lag_transactions,
             )
         yield GaugeMetricFamily(
-            "outbox_wal_retained_bytes",
-            "WAL the slot keeps on the server's disk.",
+            "outbox_wal_retained_bytes", "Log the source keeps on the server's disk.",
             facts.retained_bytes or 0,
-        )
+        )  # fmt: skip
 
 
 class MetricsServer:

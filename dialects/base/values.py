@@ -6,12 +6,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from outbox_core.message import State
 
 T = TypeVar("T")
+
+
+def aware(value: datetime) -> datetime:
+    """A database time as an aware UTC datetime: MySQL's and SQLite's come back naive,
+    holding UTC (the toolkit writes UTC there)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
 
 #: Longest error text kept in ``last_error``.
 MAX_ERROR = 2000

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import MAX_ERROR, Dialect
 from outbox_core.dialects.base.tailing.writes import TableWrites
+from outbox_core.dialects.base.values import aware
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
 
@@ -124,7 +125,8 @@ class DeferredRows:
     def last_handed(self, conn: Connection) -> datetime | None:
         """The hand-over order (``lease_until``) of the last row handed over."""
         t = self.table
-        return conn.execute(sa.select(sa.func.max(t.c.lease_until)).where(self.where)).scalar()
+        last = conn.execute(sa.select(sa.func.max(t.c.lease_until)).where(self.where)).scalar()
+        return None if last is None else aware(last)
 
     def _heads(self, t: sa.FromClause, *, due: bool) -> sa.ColumnElement[bool]:
         """No earlier deferred row of the key (``due``: none not due yet)."""
@@ -141,7 +143,8 @@ class DeferredRows:
         query = sa.select(sa.func.min(t.c.available_at)).where(
             self.where, self._heads(t, due=False)
         )
-        return conn.execute(query).scalar()
+        due = conn.execute(query).scalar()
+        return None if due is None else aware(due)
 
     def due_runs(
         self, conn: Connection, limit: int, token: str, *, block_on_dead: bool = True
@@ -239,4 +242,4 @@ class DeferredRows:
         row = conn.execute(
             sa.select(sa.func.count(), sa.func.min(t.c.created_at)).where(self.where)
         ).one()
-        return int(row[0]), row[1]
+        return int(row[0]), None if row[1] is None else aware(row[1])

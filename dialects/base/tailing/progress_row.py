@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_core.dialects.base import Dialect
 from outbox_core.dialects.base.tailing.writes import TableWrites
+from outbox_core.dialects.base.values import aware
 
 
 def progress_table(outbox: sa.Table) -> sa.Table:
@@ -166,7 +167,16 @@ class ProgressRows:
         if row is None:
             return None
         extra = dict(zip(sorted(ADDED), row[6:], strict=True))
-        return Progress(*row[:6], **extra)
+        relay, confirmed, held, oldest, reported, now = row[:6]
+        return Progress(
+            relay,
+            confirmed,
+            held,
+            None if oldest is None else aware(oldest),
+            aware(reported),
+            aware(now),
+            **extra,
+        )
 
     def settled(self, conn: Connection, slot: str) -> int | None:
         """The slot's last reported confirmed position (None: none, or no ``<table>_wal``):

@@ -21,6 +21,7 @@ from outbox_core.dialects.base import Dialect
 from outbox_core.dialects.base.tailing.deferred_rows import DEFERRED, DeferredRows, whole_row
 from outbox_core.dialects.base.tailing.progress_row import ProgressRows
 from outbox_core.dialects.base.tailing.writes import TableWrites
+from outbox_core.dialects.base.values import aware
 from outbox_core.message import Event, State
 from outbox_core.schema import in_state
 
@@ -57,7 +58,9 @@ class LogTable:
             .order_by(t.c.id)
         )
         rows = conn.execute(query).all()
-        return [(self.dialect.to_event(r[:-1], token, attempts_offset=1), r[-1]) for r in rows]
+        return [
+            (self.dialect.to_event(r[:-1], token, attempts_offset=1), aware(r[-1])) for r in rows
+        ]
 
     def mark_dead(self, conn: Connection, dead: Sequence[tuple[Event, int, str]]) -> None:
         """``(event, attempts, error)``: each row dead, in one transaction."""
@@ -108,4 +111,5 @@ class LogTable:
         query = sa.select(sa.func.min(t.c.created_at)).where(
             in_state(t.c.state, State.PENDING), t.c.created_at > since
         )
-        return conn.execute(query).scalar()
+        oldest = conn.execute(query).scalar()
+        return None if oldest is None else aware(oldest)

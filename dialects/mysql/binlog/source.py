@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 
 from outbox_core.dialects.base import Dialect
 from outbox_core.dialects.base.tailing.deferred_rows import DEFERRED
+from outbox_core.dialects.base.values import aware
 from outbox_core.dialects.mysql.binlog.errors import (
     BinlogConnectionError,
     BinlogError,
@@ -66,8 +67,7 @@ def _json(value: Any) -> Any:
 
 def _utc(value: Any) -> datetime:
     """A ``DATETIME(6)`` (UTC, naive in the binlog) as an aware datetime."""
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return aware(value if isinstance(value, datetime) else datetime.fromisoformat(str(value)))
 
 
 class RowEvents:
@@ -270,6 +270,7 @@ class BinlogSource:
         if confirmed is None:
             return None
         holder = lock_holder(conn, self.lock_id)
+        server = read_server(conn)
         try:
             retained: int | None = retention(conn).bytes
         except sa.exc.DBAPIError:  # no BINLOG MONITOR: the size is unknown, the rest stands
@@ -281,4 +282,5 @@ class BinlogSource:
             confirmed=confirmed,
             lag_bytes=None,
             retained_bytes=retained,
+            lag_transactions=server.count(server.end) - server.count(confirmed),
         )

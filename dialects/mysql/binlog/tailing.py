@@ -146,7 +146,7 @@ class BinlogTailing:
         return BinlogStatus(
             **{f.name: getattr(status, f.name) for f in dataclasses.fields(TailingStatus)},
             binlog_end=server.describe(server.end),
-            lag_transactions=server.count(server.end) - server.count(facts.confirmed),
+            lag_transactions=facts.lag_transactions,
             binlog_files=None if kept is None else kept.files,
             binlog_expire_seconds=None if kept is None else kept.expire_seconds,
         )
