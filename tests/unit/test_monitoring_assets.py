@@ -327,7 +327,16 @@ def fake_membership(share: str = "0-127") -> Any:
 
 
 def fake_tailing_relay() -> Any:
-    facts = SourceFacts(active=True, reader_pid=1, confirmed=0, lag_bytes=100, retained_bytes=2000)
+    # Both lags set (no source has both: PostgreSQL counts bytes, the binlog transactions),
+    # so the fake reaches each branch.
+    facts = SourceFacts(
+        active=True,
+        reader_pid=1,
+        confirmed=0,
+        lag_bytes=100,
+        retained_bytes=2000,
+        lag_transactions=3,
+    )
     table = SimpleNamespace(
         deferred=SimpleNamespace(oldest=lambda conn: (1, datetime.now(UTC))),
         dead_count=lambda conn: 0,
