@@ -43,60 +43,52 @@ tables print the medians of the rounds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bare_lease import bare_lease_rate
 from bench.common import PAYLOAD
 from bench.relay_rabbitmq import raw_confirmed_rate, same_properties
-from bench.wal import Brokers, Stopwatch, drop_tables, med, new_name, percentile
+from bench.tailing import (
+    Database,
+    Drain,
+    Run,
+    Steady,
+    Stopwatch,
+    add_run_arguments,
+    alternating,
+    bytes_rows,
+    drop_tables,
+    latency_table,
+    med,
+    new_name,
+    opened,
+    percentile,
+    relay_to_total,
+)
 from outbox_core import Outbox
 from outbox_core.cli.wal import install_wal, tailing_relay
 from outbox_core.dialects.mysql.binlog import read_server
 from outbox_core.partitions import partition_of
+from tests.binlog_support import BinlogMariaDB
 
-#: Longest one measurement may take before the bench gives up on it.
-TIMEOUT = 600.0
 TOPIC = "bench.binlog"
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"
-T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def database(url: str | None) -> Iterator[tuple[str, str]]:
-    """(url, description): ``url``, or a private MariaDB with the binlog on, removed on exit."""
-    if url is not None:
-        yield url, "the server given with --db"
-        return
-    from tests.binlog_support import BinlogMariaDB
-
-    private = BinlogMariaDB()
-    try:
-        private.start()
-        yield private.url, f"a private server on port {private.port}"
-    finally:
-        private.remove()
-
-
-class Server:
-    """The database the bench runs on: statements outside any measured connection."""
+class Server(Database):
+    """The MariaDB the bench runs on, its binlog tailable; the binlog's size and end."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        super().__init__(url)
         with self.engine.connect() as conn:
             self.version = str(conn.execute(sa.text("SELECT VERSION()")).scalar())
             problems = read_server(conn).problems()
@@ -166,30 +158,11 @@ def bare_binlog_rate(url: str, gtid: str, table: str, n: int) -> float:
 # ---------------------------------------------------------------------------- measurements
 
 
-@dataclass
-class Drain:
-    """One drain: its rate and the binlog written while producing and while draining."""
+class Bench(Run[Server]):
+    """The run's settings, the server and broker it measures, and the rounds' results.
 
-    rate: float
-    produce_rate: float
-    produce_bytes: int
-    drain_bytes: int
-
-
-@dataclass
-class Bench:
-    """The run's settings, the server and broker it measures, and the rounds' results."""
-
-    server: Server
-    brokers: Brokers
-    events: int
-    keys: int
-    batch: int
-    txn_events: int
-    results: dict[str, list[Any]] = field(default_factory=dict)
-
-    def record(self, name: str, value: Any) -> None:
-        self.results.setdefault(name, []).append(value)
+    A drain's bytes (:class:`~bench.tailing.Drain`) are the binlog's.
+    """
 
     def fresh(self, kind: str, table: str) -> Outbox:
         """A new outbox table; ``binlog``: its source installed (the position: now)."""
@@ -224,25 +197,14 @@ class Bench:
             analyzed = self.server.binlog_bytes()
             broker = Stopwatch(self.brokers.make(True), total=self.events)
             runner = self.runner(kind, outbox, broker, self.batch, 0.05, 0.2)
-            broker.on_total = lambda _at: runner.stop()
-            started = time.perf_counter()
-            worker = threading.Thread(target=runner.run, kwargs={"install_signal_handlers": False})
-            worker.start()
-            worker.join(TIMEOUT)
-            if worker.is_alive() or not broker.done_at:
-                runner.stop()
-                worker.join(30)
-                raise SystemExit(f"{kind}: the broker saw {len(broker.received)} of {self.events}")
+            rate = relay_to_total(runner, broker, kind)
             drained = self.server.binlog_bytes()
             broker.close()
             self.brokers.purge()
             if kind == "binlog":
-                rate = bare_binlog_rate(self.server.url, gtid, outbox.table.name, self.events)
-                self.record("bare binlog reader", rate)
-            return Drain(
-                self.events / (broker.done_at - started), produce_rate,
-                produced - before, drained - analyzed,
-            )  # fmt: skip
+                bare = bare_binlog_rate(self.server.url, gtid, outbox.table.name, self.events)
+                self.record("bare binlog reader", bare)
+            return Drain(rate, produce_rate, produced - before, drained - analyzed)
         finally:
             drop_tables(outbox)
 
@@ -254,39 +216,13 @@ class Bench:
         broker = Stopwatch(self.brokers.make(True))
         runner = self.runner("unordered" if kind == "poll" else kind, outbox, broker, 100, poll,
                              max_poll)  # fmt: skip
-        worker = threading.Thread(target=runner.run, kwargs={"install_signal_handlers": False})
-        committed: dict[str, float] = {}
-
-        def produce_steadily() -> None:
-            next_at = time.perf_counter()
-            end, i = next_at + seconds, 0
-            while next_at < end:
-                time.sleep(max(0.0, next_at - time.perf_counter()))
-                with producer.engine.begin() as conn:
-                    key = f"k{i % self.keys}"
-                    event_id = producer.enqueue(conn, TOPIC, dict(PAYLOAD, order_id=i), key=key)
-                committed[event_id] = time.perf_counter()
-                next_at += 1.0 / rate
-                i += 1
-
         try:
-            worker.start()
-            time.sleep(0.5)  # connected and reading, polling settled
-            produce_steadily()
-            deadline = time.perf_counter() + 15
-            while len(broker.received) < len(committed) and time.perf_counter() < deadline:
-                time.sleep(0.01)
+            return Steady(producer, TOPIC, self.keys, rate, seconds).latencies(runner, broker, kind)
         finally:
-            runner.stop()
-            worker.join(30)
             broker.close()
             producer.dispose()
             self.brokers.purge()
             drop_tables(outbox)
-        missing = [i for i in committed if i not in broker.received]
-        if missing:
-            raise SystemExit(f"latency {kind}: {len(missing)} events did not arrive")
-        return [(broker.received[i] - t) * 1000 for i, t in committed.items()]
 
     def raw_broker(self) -> float:
         """pika alone: N persistent messages like the relay's, confirms awaited per batch."""
@@ -297,17 +233,6 @@ class Bench:
                                       self.batch, body, same_properties)  # fmt: skip
         finally:
             self.brokers.purge()
-
-    def bare_lease(self) -> float:
-        """bench/bare_lease.py's loop on PyMySQL: claim then fenced mark, a minimal table."""
-        probe = Outbox(self.server.url, table="bench_binlog_probe")
-        try:
-            payload = json.dumps(PAYLOAD).encode()
-            return bare_lease_rate(
-                probe.engine, self.events, self.batch, payload, probe.dialect.analyze
-            )
-        finally:
-            probe.dispose()
 
 
 # ---------------------------------------------------------------------------- main
@@ -323,26 +248,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="a MariaDB with the binlog on [default: a private one]")
     parser.add_argument("--broker", default=DEFAULT_BROKER, help="RabbitMQ (amqp://...)")
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--keys", type=int, default=1000, help="distinct ordering keys")
-    parser.add_argument("--txn-events", type=int, default=1, help="events per transaction")
-    parser.add_argument("--batch", type=int, default=500, help="relay batch size")
-    parser.add_argument("--rate", type=float, default=200.0, help="latency: events per second")
-    parser.add_argument("--seconds", type=float, default=10.0, help="latency: seconds per mode")
-    parser.add_argument("--poll", type=float, default=0.2, help="latency: poll interval (s)")
-    parser.add_argument("--max-poll", type=float, default=1.0, help="latency: longest poll (s)")
-    parser.add_argument("--rounds", type=int, default=3)
+    add_run_arguments(parser)
     args = parser.parse_args()
 
-    with database(args.db) as (url, where):
-        server = Server(url)
-        brokers = Brokers(args.broker)
+    with opened(args.db, BinlogMariaDB, Server, args.broker) as (server, brokers, where):
         bench = Bench(server, brokers, args.events, args.keys, args.batch, args.txn_events)
-        try:
-            run(bench, args, where)
-        finally:
-            brokers.close()
-            server.engine.dispose()
+        run(bench, args, where)
 
 
 def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
@@ -352,16 +263,13 @@ def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
         flush=True,
     )
     for round_ in range(1, args.rounds + 1):
-
-        def ordered(items: Sequence[T], fwd: bool = round_ % 2 == 1) -> list[T]:
-            return list(items) if fwd else list(reversed(items))
-
         parts = []
-        for kind in ordered(["ordered", "unordered", "binlog", "raw broker", "bare lease"]):
+        kinds = ["ordered", "unordered", "binlog", "raw broker", "bare lease"]
+        for kind in alternating(kinds, round_):
             if kind == "raw broker":
                 rate = bench.raw_broker()
             elif kind == "bare lease":
-                rate = bench.bare_lease()
+                rate = bench.lease_ceiling("bench_binlog_probe")
             else:
                 result = bench.drain(kind)
                 bench.record(LABEL[kind], result)
@@ -371,7 +279,7 @@ def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
             parts.append(f"{kind} {rate:.0f}/s")
         print(f"round {round_} drains: " + "; ".join(parts), flush=True)
         lat_parts = []
-        for kind in ordered(["poll", "binlog"]):
+        for kind in alternating(["poll", "binlog"], round_):
             lat = bench.latency(kind, args.rate, args.seconds, args.poll, args.max_poll)
             bench.record(f"latency {kind}", lat)
             lat_parts.append(f"{kind} p50 {percentile(lat, 0.5):.1f} ms")
@@ -398,29 +306,12 @@ def report(bench: Bench, args: argparse.Namespace) -> None:
     print()
     print(f"== 2. commit-to-broker latency, ms ({args.rate:.0f} events/s for "
           f"{args.seconds:.0f} s, one event per transaction; median of the rounds)")  # fmt: skip
-    print(f"{'relay':<32} {'events':>7} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}")
     names = {"poll": f"polling ({args.poll:g}-{args.max_poll:g} s)", "binlog": "binlog relay"}
-    for kind, name in names.items():
-        lats: list[list[float]] = results[f"latency {kind}"]
-        print(
-            f"{name:<32} {med([len(x) for x in lats]):>7.0f} "
-            f"{med([percentile(x, 0.5) for x in lats]):>7.1f} "
-            f"{med([percentile(x, 0.95) for x in lats]):>7.1f} "
-            f"{med([percentile(x, 0.99) for x in lats]):>7.1f} "
-            f"{med([max(x) for x in lats]):>7.1f}"
-        )
+    latency_table(results, names, 32)
     print()
     print("== 3. binlog bytes per event (SHOW BINARY LOGS sizes; ANALYZE left out)")
     print(f"{'segment':<40} {'produce':>8} {'drain':>8} {'total':>8}")
-    produce_only = [d.produce_bytes / n for k in LABEL.values() for d in results[k]]
-    print(f"{'producing alone (the inserts)':<40} {med(produce_only):>8.0f}")
-    for label in LABEL.values():
-        runs: list[Drain] = results[label]
-        print(
-            f"{'produce + ' + label:<40} {med([d.produce_bytes / n for d in runs]):>8.0f} "
-            f"{med([d.drain_bytes / n for d in runs]):>8.0f} "
-            f"{med([(d.produce_bytes + d.drain_bytes) / n for d in runs]):>8.0f}"
-        )
+    bytes_rows(n, {label: results[label] for label in LABEL.values()})
     print()
     print("== 4. ceilings, events/s (the same N events, the same server and broker, this run)")
     print(f"{'ceiling':<54} {'events/s':>9}")

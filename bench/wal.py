@@ -49,31 +49,44 @@ tables print the medians of the rounds.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import select
 import statistics
 import struct
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bare_lease import bare_lease_rate
 from bench.common import PAYLOAD
-from outbox_core import Event, Outbox, Outcome
-from outbox_core.brokers.base import Broker
+from bench.tailing import (
+    TIMEOUT,
+    Database,
+    Drain,
+    Run,
+    Steady,
+    Stopwatch,
+    add_run_arguments,
+    alternating,
+    bytes_rows,
+    drop_tables,
+    latency_table,
+    med,
+    new_name,
+    opened,
+    relay_to_total,
+)
+from outbox_core import Outbox
 from outbox_core.cli.wal import install_wal, tailing_relay, uninstall_wal
-from outbox_core.dialects.base.tailing.progress_row import progress_table
 from outbox_core.dialects.postgresql.wal import (
     Insert,
     SlotInUse,
@@ -87,6 +100,7 @@ from outbox_core.dialects.postgresql.wal import (
     replication_conninfo,
 )
 from outbox_core.partitions import partition_of
+from tests.faults.private_servers import PrivatePostgres
 from tests.support import retry
 
 #: The private server's settings: logical decoding, and no timed or size-driven
@@ -98,73 +112,16 @@ SERVER_SETTINGS = {
     "checkpoint_timeout": "1h",
     "max_wal_size": "8GB",
 }
-#: Longest one measurement may take before the bench gives up on it.
-TIMEOUT = 600.0
 TOPIC = "bench.wal"
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-class Stopwatch(Broker):
-    """Records when ``publish()`` first saw each event; answers ok (or asks ``inner``).
-
-    ``on_total`` is called once, with the time, when ``total`` distinct events were seen.
-    """
-
-    def __init__(
-        self,
-        inner: Broker | None = None,
-        total: int = 0,
-        on_total: Callable[[float], None] | None = None,
-    ) -> None:
-        self.inner = inner
-        self.total = total
-        self.on_total = on_total
-        self.received: dict[str, float] = {}
-        self.done_at = 0.0
-
-    def publish(self, events: Sequence[Event]) -> Sequence[Outcome]:
-        now = time.perf_counter()
-        for event in events:
-            self.received.setdefault(event.event_id, now)
-        if self.total and not self.done_at and len(self.received) >= self.total:
-            self.done_at = now
-            if self.on_total is not None:
-                self.on_total(now)
-        if self.inner is not None:
-            return self.inner.publish(events)
-        return [Outcome.ok()] * len(events)
-
-    def probe(self) -> str | None:
-        return None if self.inner is None else self.inner.probe()
-
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def libpq_url(url: str) -> str:
     """The SQLAlchemy URL as a libpq URI (psycopg 3's ``connect``)."""
     parsed = sa.make_url(url).set(drivername="postgresql")
     return parsed.render_as_string(hide_password=False)
-
-
-def new_name(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
-
-def drop_tables(outbox: Outbox) -> None:
-    """The outbox's tables, and ``<table>_wal`` (made by ``install --source wal``)."""
-    outbox.tables.metadata.drop_all(outbox.engine)
-    progress_table(outbox.table).drop(outbox.engine, checkfirst=True)
-    outbox.dispose()
 
 
 @dataclass
@@ -177,13 +134,11 @@ class WalMark:
     bytes: int | None = None
 
 
-class Server:
-    """The database the bench runs on: statements outside any measured connection."""
+class Server(Database):
+    """The PostgreSQL the bench runs on, at ``wal_level=logical``; its WAL position."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        # NullPool: no idle connection of the meter holds a backend open.
-        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        super().__init__(url)
         with self.engine.connect() as conn:
             self.version = int(conn.execute(sa.text("SHOW server_version_num")).scalar_one())
             level = str(conn.execute(sa.text("SHOW wal_level")).scalar_one())
@@ -212,22 +167,6 @@ class Server:
                 sa.text("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal")
             ).one()
         return WalMark(lsn, int(row[0]), int(row[1]), int(row[2]))
-
-
-@contextlib.contextmanager
-def database(url: str | None) -> Iterator[tuple[str, str]]:
-    """(url, description): ``url``, or a private logical server removed on exit."""
-    if url is not None:
-        yield url, "the server given with --db"
-        return
-    from tests.faults.private_servers import PrivatePostgres
-
-    private = PrivatePostgres(settings=SERVER_SETTINGS)
-    try:
-        private.start()
-        yield private.url, f"a private server on port {private.port}"
-    finally:
-        private.remove()
 
 
 def produce(url: str, table: str, events: int, keys: int, txn_events: int) -> float:
@@ -261,57 +200,13 @@ def produce(url: str, table: str, events: int, keys: int, txn_events: int) -> fl
     return events / (time.perf_counter() - started)
 
 
-# ---------------------------------------------------------------------------- brokers
-
-
-class Brokers:
-    """No-op brokers, or the real RabbitMQ one on an exchange and queue of the bench's own."""
-
-    def __init__(self, amqp: str | None) -> None:
-        self.amqp = amqp
-        self.exchange = new_name("bench.wal")
-        self.queue = self.exchange + ".q"
-        self.admin: Any = None
-        if amqp is not None:
-            import pika
-
-            self.admin = pika.BlockingConnection(pika.URLParameters(amqp))
-            channel = self.admin.channel()
-            channel.exchange_declare(self.exchange, "topic", durable=True)
-            channel.queue_declare(self.queue, durable=True)
-            channel.queue_bind(self.queue, self.exchange, "#")
-            self.channel = channel
-
-    def make(self, real: bool) -> Broker | None:
-        if not real:
-            return None
-        from outbox_core.brokers.rabbitmq import RabbitMQBroker
-
-        assert self.amqp is not None
-        return RabbitMQBroker.from_url(self.amqp, exchange=self.exchange)
-
-    def purge(self) -> None:
-        if self.admin is not None:
-            self.channel.queue_purge(self.queue)
-
-    def close(self) -> None:
-        if self.admin is not None:
-            self.channel.queue_delete(self.queue)
-            self.channel.exchange_delete(self.exchange)
-            self.admin.close()
-
-
 # ---------------------------------------------------------------------------- 1 + 3: drains
 
 
 @dataclass
-class Drain:
-    """One drain: its rate and the WAL written while producing and while draining."""
+class WalDrain(Drain):
+    """One drain, the WAL marks around producing and draining beside its bytes."""
 
-    rate: float
-    produce_rate: float
-    produce_bytes: int
-    drain_bytes: int
     start: WalMark
     produced: WalMark
     analyzed: WalMark
@@ -323,28 +218,16 @@ class Drain:
         return value(self.produced) - value(self.start) + value(self.end) - value(self.analyzed)
 
 
-@dataclass
-class Bench:
-    """The run's settings and the server it measures."""
-
-    server: Server
-    events: int
-    keys: int
-    batch: int
-    txn_events: int
-    brokers: Brokers
-    results: dict[str, list[Any]] = field(default_factory=dict)
+class Bench(Run[Server]):
+    """The run's settings, the server it measures, and the rounds' results."""
 
     @property
     def url(self) -> str:
         return self.server.url
 
-    def record(self, name: str, value: Any) -> None:
-        self.results.setdefault(name, []).append(value)
-
     # -- drains
 
-    def drain(self, kind: str, real_broker: bool) -> Drain:
+    def drain(self, kind: str, real_broker: bool) -> WalDrain:
         """``kind``: ``ordered``, ``unordered`` (polling) or ``wal``; a fresh table."""
         outbox = Outbox(self.url, table=new_name("bench_wal"), notify=False)
         outbox.install()
@@ -368,7 +251,7 @@ class Bench:
             outbox.dispose()
             time.sleep(0.2)
             end = self.server.mark()
-            return Drain(
+            return WalDrain(
                 rate,
                 produce_rate,
                 produced.lsn - start.lsn,
@@ -385,10 +268,7 @@ class Bench:
             drop_tables(outbox)
 
     def _run_relay(self, outbox: Outbox, kind: str, real_broker: bool) -> float:
-        stop: list[Callable[[], None]] = []
-        broker = Stopwatch(
-            self.brokers.make(real_broker), self.events, on_total=lambda _t: stop[0]()
-        )
+        broker = Stopwatch(self.brokers.make(real_broker), self.events)
         runner: Any
         if kind == "wal":
             settings = outbox.settings.replace(batch_size=self.batch, cleanup_after=0)
@@ -401,27 +281,7 @@ class Bench:
                 cleanup_after=0,
                 ordered=kind == "ordered",
             )
-        stop.append(runner.stop)
-        started = time.perf_counter()
-        worker = threading.Thread(target=runner.run, kwargs={"install_signal_handlers": False})
-        worker.start()
-        worker.join(TIMEOUT)
-        if worker.is_alive() or not broker.done_at:
-            runner.stop()
-            worker.join(30)
-            raise SystemExit(f"{kind}: the broker saw {len(broker.received)} of {self.events}")
-        return self.events / (broker.done_at - started)
-
-    def bare_lease(self) -> float:
-        """bench/bare_lease.py's loop on the raw driver: claim then fenced mark, a minimal table."""
-        payload = json.dumps(PAYLOAD).encode()
-        probe = Outbox(self.url, table="bench_wal_probe")
-        try:
-            return bare_lease_rate(
-                probe.engine, self.events, self.batch, payload, probe.dialect.analyze
-            )
-        finally:
-            probe.dispose()
+        return relay_to_total(runner, broker, kind)
 
     # -- 2: latency
 
@@ -450,46 +310,14 @@ class Bench:
                 reap_interval=0,
                 cleanup_after=0,
             )
-        worker = threading.Thread(target=runner.run, kwargs={"install_signal_handlers": False})
-        committed: dict[str, float] = {}
-
-        def produce_steadily() -> None:
-            interval = 1.0 / rate
-            next_at = time.perf_counter()
-            end = next_at + seconds
-            i = 0
-            while next_at < end:
-                delay = next_at - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                with producer.engine.begin() as conn:
-                    key = f"k{i % self.keys}"
-                    event_id = producer.enqueue(conn, TOPIC, dict(PAYLOAD, order_id=i), key=key)
-                committed[event_id] = time.perf_counter()
-                next_at += interval
-                i += 1
-
         try:
-            worker.start()
-            time.sleep(0.5)  # connected, listening or streaming; polling settled
-            thread = threading.Thread(target=produce_steadily)
-            thread.start()
-            thread.join()
-            deadline = time.perf_counter() + 15
-            while len(broker.received) < len(committed) and time.perf_counter() < deadline:
-                time.sleep(0.01)
+            return Steady(producer, TOPIC, self.keys, rate, seconds).latencies(runner, broker, mode)
         finally:
-            runner.stop()
-            worker.join(30)
             producer.dispose()
             self.brokers.purge()
             if mode == "wal":
                 retry(lambda: uninstall_wal(outbox, outbox.settings), SlotInUse)
             drop_tables(outbox)
-        missing = [i for i in committed if i not in broker.received]
-        if missing:
-            raise SystemExit(f"latency {mode}: {len(missing)} events did not arrive")
-        return [(broker.received[i] - t) * 1000 for i, t in committed.items()]
 
 
 # ---------------------------------------------------------------------------- 4 + 5: readers
@@ -765,34 +593,17 @@ def readers_round(bench: Bench, order: Sequence[str]) -> dict[str, float]:
 # ---------------------------------------------------------------------------- main
 
 
-def med(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="a server at wal_level=logical [default: a private one]")
     parser.add_argument("--broker", help="also drain to this RabbitMQ (amqp://...)")
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--keys", type=int, default=1000, help="distinct ordering keys")
-    parser.add_argument("--txn-events", type=int, default=1, help="events per transaction")
-    parser.add_argument("--batch", type=int, default=500, help="relay batch size")
-    parser.add_argument("--rate", type=float, default=200.0, help="latency: events per second")
-    parser.add_argument("--seconds", type=float, default=10.0, help="latency: seconds per mode")
-    parser.add_argument("--poll", type=float, default=0.2, help="latency: poll interval (s)")
-    parser.add_argument("--max-poll", type=float, default=1.0, help="latency: longest poll (s)")
-    parser.add_argument("--rounds", type=int, default=3)
+    add_run_arguments(parser)
     args = parser.parse_args()
 
-    with database(args.db) as (url, where):
-        server = Server(url)
-        brokers = Brokers(args.broker)
-        bench = Bench(server, args.events, args.keys, args.batch, args.txn_events, brokers)
-        try:
-            run(bench, args, where)
-        finally:
-            brokers.close()
-            server.engine.dispose()
+    private = functools.partial(PrivatePostgres, settings=SERVER_SETTINGS)
+    with opened(args.db, private, Server, args.broker) as (server, brokers, where):
+        bench = Bench(server, brokers, args.events, args.keys, args.batch, args.txn_events)
+        run(bench, args, where)
 
 
 def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
@@ -818,15 +629,10 @@ def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
 
     modes = ["notify", "poll", "wal"]
     for round_ in range(1, args.rounds + 1):
-        forward = round_ % 2 == 1
-
-        def ordered(items: Sequence[T], fwd: bool = forward) -> list[T]:
-            return list(items) if fwd else list(reversed(items))
-
         parts = []
-        for kind, real in ordered([*drains, ("bare lease", False)]):
+        for kind, real in alternating([*drains, ("bare lease", False)], round_):
             if kind == "bare lease":
-                rate = bench.bare_lease()
+                rate = bench.lease_ceiling("bench_wal_probe")
                 bench.record("bare lease", rate)
                 parts.append(f"bare lease {rate:.0f}/s")
                 continue
@@ -834,7 +640,7 @@ def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
             bench.record(drain_name(kind, real), result)
             parts.append(f"{drain_name(kind, real)} {result.rate:.0f}/s")
         print(f"round {round_} drains: " + "; ".join(parts), flush=True)
-        rates = readers_round(bench, ordered(READERS))
+        rates = readers_round(bench, alternating(READERS, round_))
         for reader, rate in rates.items():
             bench.record(reader, rate)
         print(
@@ -842,7 +648,7 @@ def run(bench: Bench, args: argparse.Namespace, where: str) -> None:
             flush=True,
         )
         lat_parts = []
-        for mode in ordered(modes):
+        for mode in alternating(modes, round_):
             lat = bench.latency(mode, args.rate, args.seconds, args.poll, args.max_poll, False)
             bench.record(f"latency {mode}", lat)
             lat_parts.append(f"{mode} p50 {statistics.median(lat):.1f} ms")
@@ -858,7 +664,7 @@ def report(bench: Bench, args: argparse.Namespace, drains: Sequence[tuple[str, b
     print(f"== 1. drain rate, events/s ({n} events enqueued first, median of {args.rounds})")
     print(f"{'relay':<40} {'events/s':>9} {'rounds':>20} {'produce/s':>10}")
     for kind, real in drains:
-        runs: list[Drain] = results[drain_name(kind, real)]
+        runs: list[WalDrain] = results[drain_name(kind, real)]
         rates = [d.rate for d in runs]
         print(
             f"{drain_name(kind, real):<40} {med(rates):>9.0f} "
@@ -870,21 +676,12 @@ def report(bench: Bench, args: argparse.Namespace, drains: Sequence[tuple[str, b
         f"== 2. commit-to-broker latency, ms ({args.rate:.0f} events/s for {args.seconds:.0f} s, "
         f"one event per transaction; median of the rounds' percentiles)"
     )
-    print(f"{'relay':<40} {'events':>7} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}")
     names = {
         "notify": "polling + NOTIFY",
         "poll": f"polling, no NOTIFY ({args.poll:g}-{args.max_poll:g} s)",
         "wal": "WAL relay",
     }
-    for mode, name in names.items():
-        lats: list[list[float]] = results[f"latency {mode}"]
-        print(
-            f"{name:<40} {med([len(x) for x in lats]):>7.0f} "
-            f"{med([percentile(x, 0.5) for x in lats]):>7.1f} "
-            f"{med([percentile(x, 0.95) for x in lats]):>7.1f} "
-            f"{med([percentile(x, 0.99) for x in lats]):>7.1f} "
-            f"{med([max(x) for x in lats]):>7.1f}"
-        )
+    latency_table(results, names, 40)
 
     print()
     checkpoint = (
@@ -898,25 +695,17 @@ def report(bench: Bench, args: argparse.Namespace, drains: Sequence[tuple[str, b
         f"{'segment':<40} {'produce':>8} {'drain':>8} {'total':>8} "
         f"{'records':>8} {'FPIs':>7} {'stat B':>8}"
     )
-    produce_only = [
-        d.produce_bytes / n for kind, real in drains for d in results[drain_name(kind, real)]
-    ]
-    print(f"{'producing alone (the inserts)':<40} {med(produce_only):>8.0f}")
-    for kind, real in drains:
-        runs = results[drain_name(kind, real)]
-        line = (
-            f"{'produce + ' + drain_name(kind, real):<40} "
-            f"{med([d.produce_bytes / n for d in runs]):>8.0f} "
-            f"{med([d.drain_bytes / n for d in runs]):>8.0f} "
-            f"{med([(d.produce_bytes + d.drain_bytes) / n for d in runs]):>8.0f}"
+
+    def stat_columns(runs: list[WalDrain]) -> str:
+        if runs[0].start.records is None:  # no pg_stat_wal before PostgreSQL 14
+            return ""
+        return (
+            f" {med([d.stat('records') for d in runs]) / n:>8.2f}"
+            f" {med([d.stat('fpi') for d in runs]) / n:>7.3f}"
+            f" {med([d.stat('bytes') for d in runs]) / n:>8.0f}"
         )
-        if runs[0].start.records is not None:
-            line += (
-                f" {med([d.stat('records') for d in runs]) / n:>8.2f}"
-                f" {med([d.stat('fpi') for d in runs]) / n:>7.3f}"
-                f" {med([d.stat('bytes') for d in runs]) / n:>8.0f}"
-            )
-        print(line)
+
+    bytes_rows(n, {drain_name(k, r): results[drain_name(k, r)] for k, r in drains}, stat_columns)
 
     print()
     print("== 4. ceiling, events/s (the same N events, the same server, this run)")

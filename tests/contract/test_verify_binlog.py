@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,6 @@ pytestmark = pytest.mark.needs_server
 WAL_ROWS = ["wal-commit-order", "wal-at-least-once", "wal-relay"]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[BinlogMariaDB]:
-    made = BinlogMariaDB()
-    try:
-        made.start()
-        yield made
-    finally:
-        made.remove()
-
-
 def leftovers(url: str) -> list[str]:
     """Verify's tables still in the database (outbox tables and their ``_wal``)."""
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
@@ -55,16 +44,18 @@ def leftovers(url: str) -> list[str]:
 
 
 @pytest.mark.parametrize("row", WAL_ROWS)
-def test_outbox_verify_only_each_row_passes_on_the_binlog(server: BinlogMariaDB, row: str) -> None:
+def test_outbox_verify_only_each_row_passes_on_the_binlog(
+    binlog_server: BinlogMariaDB, row: str
+) -> None:
     started = time.monotonic()
-    done = outbox_cli("verify", "--db", server.url, "--quick", "--only", row)
+    done = outbox_cli("verify", "--db", binlog_server.url, "--quick", "--only", row)
     took = time.monotonic() - started
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert f"PASS  {row}" in out, out
     assert "1 passed, 0 failed, 0 skipped" in out, out
     print(f"{row} on the binlog: {took:.1f}s")
-    assert leftovers(server.url) == []
+    assert leftovers(binlog_server.url) == []
 
 
 def test_without_the_binlog_the_rows_skip_naming_what_to_set(tmp_path: Path) -> None:
@@ -88,9 +79,9 @@ def test_without_the_binlog_the_rows_skip_naming_what_to_set(tmp_path: Path) -> 
 
 
 def test_a_source_a_dead_run_left_is_dropped_and_a_live_one_is_not(
-    server: BinlogMariaDB,
+    binlog_server: BinlogMariaDB,
 ) -> None:
-    engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(binlog_server.url, poolclass=sa.pool.NullPool)
     abandoned = f"outbox_verify_{uuid.uuid4().hex[:10]}"
     live = f"outbox_verify_{uuid.uuid4().hex[:10]}"
     with engine.begin() as conn:
@@ -104,15 +95,15 @@ def test_a_source_a_dead_run_left_is_dropped_and_a_live_one_is_not(
             sa.text("SELECT GET_LOCK(:n, 0)"), {"n": check_lock("test", live)}
         ).scalar()
         assert got == 1
-        report = verify(server.url, mode="quick", only=["wal-commit-order"])
+        report = verify(binlog_server.url, mode="quick", only=["wal-commit-order"])
         [result] = report.results
         assert result.status == "pass", result
         assert f"dropped 1 abandoned verify slot(s): {abandoned}" in result.detail
-        assert leftovers(server.url) == [f"{live}_wal"]
+        assert leftovers(binlog_server.url) == [f"{live}_wal"]
     finally:
         holder.close()
         with engine.begin() as conn:
             for name in (abandoned, live):
                 conn.execute(sa.text(f"DROP TABLE IF EXISTS {name}_wal"))
         engine.dispose()
-    assert leftovers(server.url) == []
+    assert leftovers(binlog_server.url) == []

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.bench_support import Bench, assert_printed
+
 pytestmark = pytest.mark.needs_server
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "wal.py"
-TINY = ("--events", "300", "--rate", "50", "--seconds", "2", "--rounds", "1")
+BENCH = Bench("wal", ("--events", "300", "--rate", "50", "--seconds", "2", "--rounds", "1"))
 HEADINGS = (
     "== 1. drain rate",
     "== 2. commit-to-broker latency",
@@ -39,7 +37,7 @@ ROWS = (
 
 
 def test_the_docstring_shows_the_tiny_command() -> None:
-    assert "python bench/wal.py " + " ".join(TINY) in BENCH.read_text()
+    assert BENCH.documented()
 
 
 def test_the_bench_runs_and_prints_every_table() -> None:
@@ -49,17 +47,5 @@ def test_the_bench_runs_and_prints_every_table() -> None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"PostgreSQL server binaries not found ({exc}); CI=true requires them")
         pytest.skip(f"PostgreSQL server binaries not found: {exc}")
-    result = subprocess.run(
-        [sys.executable, str(BENCH), *TINY],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    for heading in HEADINGS:
-        assert heading in out, out
-    for row in ROWS:
-        assert row in out, out
-    assert "nan" not in out, out
+    out = BENCH.run(timeout=400)
+    assert_printed(out, HEADINGS + ROWS)

@@ -24,10 +24,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
 import sqlalchemy as sa
 
@@ -221,11 +222,16 @@ class PrivatePostgres:
 
 
 class PrivateMariaDB:
-    """A MariaDB server of the test's own: ``mariadb-install-db``, ``mariadbd --port``."""
+    """A MariaDB server of the test's own: ``mariadb-install-db``, ``mariadbd --port``.
+
+    ``options``: ``mariadbd``'s flags beyond where it keeps its files and listens
+    (the binlog off unless they turn it on).
+    """
 
     user = "mysql"
 
-    def __init__(self) -> None:
+    def __init__(self, options: Sequence[str] = ("--skip-log-bin",)) -> None:
+        self.options = tuple(options)
         self.root = _private_dir("outbox-maria-", self.user)
         self.data = self.root / "data"
         self.socket = self.root / "mysqld.sock"
@@ -247,9 +253,8 @@ class PrivateMariaDB:
         args = [
             "mariadbd", "--no-defaults", f"--datadir={self.data}", f"--port={self.port}",
             f"--socket={self.socket}", "--bind-address=127.0.0.1", f"--log-error={self.log}",
-            f"--pid-file={self.root / 'mysqld.pid'}", "--skip-log-bin",
-            "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=2",
-            "--skip-name-resolve",
+            f"--pid-file={self.root / 'mysqld.pid'}", "--innodb-buffer-pool-size=64M",
+            "--innodb-flush-log-at-trx-commit=2", "--skip-name-resolve", *self.options,
         ]  # fmt: skip
         if os.geteuid() == 0:
             args.append(f"--user={self.user}")
@@ -286,14 +291,24 @@ class PrivateMariaDB:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+Server = TypeVar("Server", bound=PrivatePostgres | PrivateMariaDB)
+
+
+@contextmanager
+def started(server: Server) -> Iterator[Server]:
+    """``server`` started, and removed on exit."""
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
 @contextmanager
 def private_server(backend: str) -> Iterator[PrivatePostgres | PrivateMariaDB]:
     """A started private server of ``backend`` ("postgresql" or "mysql"), removed on exit."""
     server: PrivatePostgres | PrivateMariaDB = (
         PrivatePostgres() if backend == "postgresql" else PrivateMariaDB()
     )
-    try:
-        server.start()
+    with started(server):
         yield server
-    finally:
-        server.remove()

@@ -21,17 +21,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import sqlalchemy as sa
 
 from outbox_core import Outbox
 from tests.binlog_support import BinlogMariaDB
-from tests.contract.broker_fixtures import RabbitState
-from tests.contract.test_binlog import Relays, enqueue, install, outbox, rabbit, server
+from tests.contract.conftest import binlog_server
+from tests.contract.test_binlog import Relays, enqueue, outbox, rabbit, relays
 from tests.contract.test_wal_relay import wait_for
 
-__all__ = ["outbox", "rabbit", "server"]  # the fixtures, used by name
+__all__ = ["binlog_server", "outbox", "rabbit", "relays"]  # the fixtures, used by name
 
 KEYS = 6
 #: Seconds between SIGKILLs of the reading relay, and how long the chaos lasts.
@@ -135,10 +134,8 @@ def all_arrived(relays: Relays, producer: Producer) -> Callable[[], bool]:
 
 
 def test_the_reading_relay_sigkilled_every_few_seconds_with_a_standby_loses_nothing(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+    outbox: Outbox, relays: Relays
 ) -> None:
-    install(outbox, server.url)
-    relays = Relays(outbox, server.url, rabbit, tmp_path)
     relays.spawn()
     relays.spawn()
     takeovers: list[float] = []
@@ -181,10 +178,8 @@ def test_the_reading_relay_sigkilled_every_few_seconds_with_a_standby_loses_noth
 
 
 def test_the_database_restarted_under_a_retrying_producer_the_relay_reads_on(
-    server: BinlogMariaDB, outbox: Outbox, rabbit: RabbitState, tmp_path: Path
+    binlog_server: BinlogMariaDB, outbox: Outbox, relays: Relays
 ) -> None:
-    install(outbox, server.url)
-    relays = Relays(outbox, server.url, rabbit, tmp_path)
     relays.spawn()
     producer = Producer(outbox, pace=0.01, retry=True)
     try:
@@ -192,8 +187,8 @@ def test_the_database_restarted_under_a_retrying_producer_the_relay_reads_on(
         producer.start()
         wait_for(lambda: len(relays.arrived()) > 50, 15, "events before the restart")
         started = time.monotonic()
-        server.shutdown()
-        took = server.start()  # the same datadir and port
+        binlog_server.shutdown()
+        took = binlog_server.start()  # the same datadir and port
         down = time.monotonic() - started
         outbox.engine.dispose()  # the pool's connections died with the server
         at_restart = len(producer.committed)
