@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from outbox_core.dialects.base.tailing.diagnosis import StreamWords
 from outbox_core.doctor.family import FamilyDoctor
 from outbox_core.doctor.model import DoctorContext, Finding, Severity, format_age
 
@@ -274,15 +275,10 @@ def _retention(ctx: DoctorContext, slot: str, facts: SlotFacts, details: dict[st
 
 
 def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
-    """``--source wal``: what waits in the stream, instead of the table's pending rows.
-
-    Rows stay pending in the table once published in this mode, so their
-    age means nothing. What waits is read from the relay's progress row: the
-    events it holds (read, not yet published), the WAL it has not read, what
-    it published in the last minute, and the events handed to the table
-    that are due. A warning when the oldest of them has waited longer than
-    ``max_backlog_age``. Nothing (the table's backlog check runs) when the
-    source is the table.
+    """``--source wal``: what waits in the stream, instead of the table's pending rows
+    (:meth:`~outbox_core.dialects.base.tailing.diagnosis.StreamWords.backlog`), with the WAL
+    the relay has not read. Nothing (the table's backlog check runs) when the source is
+    the table.
     """
     from outbox_core.dialects.postgresql.wal import wal_names
     from outbox_core.dialects.postgresql.wal.table import WalTable
@@ -300,53 +296,12 @@ def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
             fix=f"{ctx.install_command()} --source wal",
         )
         return
-    limit = ctx.limits.max_backlog_age
-    # A deferred event waits by design until it is due: only its time past due counts.
-    waited = [a for a in (status.stream_age, status.deferred_due_age) if a is not None]
-    age = max(waited, default=None)
-    details = {
-        "slot": slot,
-        "relay": status.relay,
-        "reading": status.reading,
-        "held": status.held,
-        "unread_bytes": status.unread_bytes,
-        "published_last_minute": status.published_last_minute,
-        "deferred": status.deferred,
-        "oldest_unpublished_age": age,
-        "estimated": status.estimated,
-    }
-    if status.report_age is None:
-        yield Finding(
-            "backlog",
-            Severity.OK if status.active else Severity.WARNING,
-            f"no relay has reported on slot {slot!r} yet: what waits in the stream is unknown",
-            fix=None if status.active else "start a relay: outbox relay --source wal",
-            details=details,
-        )
-        return
-    described = _stream_summary(status, status.report_age)
-    if age is not None and age > limit:
-        yield Finding(
-            "backlog",
-            Severity.WARNING,
-            f"the oldest unpublished event has waited {format_age(age)}"
-            f"{' (estimated)' if status.estimated else ''} (threshold {format_age(limit)}): "
-            f"{described}",
-            fix="look at the relay's broker and logs (an outage holds events, a retrying key "
-            "holds its own); `outbox status --source wal` shows the stream",
-            details=details,
-        )
-        return
-    oldest = "nothing unpublished" if age is None else f"oldest unpublished {format_age(age)}"
-    yield Finding(
-        "backlog",
-        Severity.OK,
-        f"stream: {described}; {oldest} (threshold {format_age(limit)})",
-        details=details,
+    yield SLOT_STREAM.backlog(
+        status, slot, ctx.limits.max_backlog_age, unread_bytes=status.unread_bytes
     )
 
 
-def _stream_summary(status: TailingStatus, report_age: float) -> str:
+def _stream_summary(status: TailingStatus) -> str:
     """What the relay's last report says waits: held, published, unread, deferred."""
     parts = []
     if status.reading:
@@ -354,15 +309,17 @@ def _stream_summary(status: TailingStatus, report_age: float) -> str:
         rate = (status.published_last_minute or 0) / 60
         parts.append(f"{rate:.1f}/s published over the last minute")
     else:
-        parts.append(
-            f"no relay reads (relay {status.relay} last reported {format_age(report_age)} ago)"
-        )
+        ago = format_age(status.report_age or 0.0)
+        parts.append(f"no relay reads (relay {status.relay} last reported {ago} ago)")
     if status.unread_bytes is not None:
         parts.append(f"{status.unread_bytes / 1024:.1f} KiB of WAL unread")
     if status.deferred:
         parts.append(f"{status.deferred} deferred in the table")
     return ", ".join(parts)
 
+
+#: How this doctor speaks of a replication slot's stream.
+SLOT_STREAM = StreamWords(kind="wal", called="slot", key="slot", summary=_stream_summary)
 
 #: The checks this database adds to ``outbox doctor``, by finding name.
 CHECKS = [

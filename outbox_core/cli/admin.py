@@ -6,12 +6,14 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from outbox_core.cli.many import (
     Outboxes,
+    Outcome,
     exit_for,
     outcomes_json,
     refuse_log_tailing,
@@ -184,15 +186,8 @@ def status(
                 broker = probe_broker(settings.broker_url, options)
                 result = dataclasses.replace(result, broker=broker)
             text = json.dumps(result.as_dict()) if as_json else render_status(result)
-            if watch is None:
-                click.echo(text)
-                if broker is not None and not broker["up"]:
-                    sys.exit(1)
+            if _shown(text, as_json, watch, broker):
                 return
-            if not as_json:
-                click.clear()
-            click.echo(text)
-            time.sleep(watch)
     except KeyboardInterrupt:
         return  # ^C ends --watch, wherever it lands
 
@@ -218,19 +213,33 @@ def status_many(
                     text = json.dumps(report)
                 else:
                     text = render_statuses(outcomes, broker)
-                if watch is None:
-                    click.echo(text)
-                    exit_for(outcomes)
-                    if broker is not None and not broker["up"]:
-                        sys.exit(1)
+                if _shown(text, as_json, watch, broker, outcomes):
                     return
-                if not as_json:
-                    click.clear()
-                click.echo(text)
-                time.sleep(watch)
                 outboxes.discover()  # a schema made or dropped since shows at the next refresh
         except KeyboardInterrupt:
             return
+
+
+def _shown(
+    text: str,
+    as_json: bool,
+    watch: float | None,
+    broker: dict[str, Any] | None,
+    outcomes: Sequence[Outcome[Any]] = (),
+) -> bool:
+    """Print a status: once (True: done; exit 1 when an outbox failed or the broker is
+    down), or as ``--watch``'s refresh, then wait for the next (False)."""
+    if watch is None:
+        click.echo(text)
+        exit_for(outcomes)
+        if broker is not None and not broker["up"]:
+            sys.exit(1)
+        return True
+    if not as_json:
+        click.clear()
+    click.echo(text)
+    time.sleep(watch)
+    return False
 
 
 @click.command()

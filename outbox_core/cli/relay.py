@@ -6,7 +6,7 @@ import dataclasses
 import gc
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 
@@ -29,6 +29,7 @@ from outbox_core.redaction import mask_url
 
 if TYPE_CHECKING:
     from outbox_core.fleet import FleetRelay
+    from outbox_core.message import CycleResult
     from outbox_core.metrics import MetricsServer, Served
     from outbox_core.outbox import Outbox
 
@@ -180,19 +181,7 @@ def relay(
     except BaseException:
         relay.close()
         raise
-    try:
-        if once:
-            result = relay.run_once()
-            relay.close()
-            click.echo(
-                json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "errors"})
-            )
-            return
-        _settle_the_heap()
-        relay.run()
-    finally:
-        if server is not None:
-            server.stop()
+    _run(relay, server, once)
 
 
 def _relay_many(
@@ -236,16 +225,35 @@ def _relay_many(
     except BaseException:
         fleet.close()
         raise
+    _run(fleet, server, once)
+
+
+class _Cycles(Protocol):
+    """A relay of one outbox, or a fleet's."""
+
+    def run_once(self) -> CycleResult:
+        """Claim, publish and settle one batch."""
+
+    def run(self) -> None:
+        """Relay until SIGTERM."""
+
+    def close(self) -> None:
+        """Release what it holds."""
+
+
+def _run(relay: _Cycles, server: MetricsServer | None, once: bool) -> None:
+    """Run one cycle and print its result (``--once``), or relay until SIGTERM; then stop
+    the metrics server."""
     try:
         if once:
-            result = fleet.run_once()
-            fleet.close()
+            result = relay.run_once()
+            relay.close()
             click.echo(
                 json.dumps({k: v for k, v in dataclasses.asdict(result).items() if k != "errors"})
             )
             return
         _settle_the_heap()
-        fleet.run()
+        relay.run()
     finally:
         if server is not None:
             server.stop()

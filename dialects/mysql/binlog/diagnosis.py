@@ -14,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox_core.dialects.base.tailing.diagnosis import StreamWords
 from outbox_core.dialects.mysql.binlog.names import source_name
 from outbox_core.dialects.mysql.binlog.server import (
     BinlogServer,
@@ -153,48 +154,7 @@ def stream_backlog(ctx: DoctorContext) -> Iterable[Finding]:
     status = source.table.source_status(conn, name, source.facts(conn), server.describe)
     if not status.exists:
         return
-    waited = [a for a in (status.stream_age, status.deferred_due_age) if a is not None]
-    age = max(waited, default=None)
-    limit = ctx.limits.max_backlog_age
-    details = {
-        "source": name,
-        "relay": status.relay,
-        "reading": status.reading,
-        "held": status.held,
-        "published_last_minute": status.published_last_minute,
-        "deferred": status.deferred,
-        "oldest_unpublished_age": age,
-        "estimated": status.estimated,
-    }
-    if status.report_age is None:
-        yield Finding(
-            "backlog",
-            Severity.OK if status.active else Severity.WARNING,
-            f"no relay has reported on binlog source {name!r} yet: what waits is unknown",
-            fix=None if status.active else "start a relay: outbox relay --source binlog",
-            details=details,
-        )
-        return
-    described = _summary(status)
-    if age is not None and age > limit:
-        yield Finding(
-            "backlog",
-            Severity.WARNING,
-            f"the oldest unpublished event has waited {format_age(age)}"
-            f"{' (estimated)' if status.estimated else ''} (threshold {format_age(limit)}): "
-            f"{described}",
-            fix="look at the relay's broker and logs (an outage holds events); "
-            "`outbox status --source binlog` shows the stream",
-            details=details,
-        )
-        return
-    oldest = "nothing unpublished" if age is None else f"oldest unpublished {format_age(age)}"
-    yield Finding(
-        "backlog",
-        Severity.OK,
-        f"stream: {described}; {oldest} (threshold {format_age(limit)})",
-        details=details,
-    )
+    yield BINLOG_STREAM.backlog(status, name, ctx.limits.max_backlog_age)
 
 
 def _summary(status: TailingStatus) -> str:
@@ -208,3 +168,14 @@ def _summary(status: TailingStatus) -> str:
     if status.deferred:
         parts.append(f"{status.deferred} deferred in the table")
     return ", ".join(parts)
+
+
+#: How this doctor speaks of a binlog source's stream.
+BINLOG_STREAM = StreamWords(
+    kind="binlog",
+    called="binlog source",
+    key="source",
+    summary=_summary,
+    unknown="what waits is unknown",
+    holds="an outage holds events",
+)

@@ -25,29 +25,23 @@ says what to set.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Self
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
-from outbox_core.dialects.base import Dialect
+from outbox_core.dialects.base.tailing.scratch import Remembering, Scratch, scratch_source
 from outbox_core.dialects.mysql.binlog.errors import BinlogError, ReaderLockHeld
 from outbox_core.dialects.mysql.binlog.server import read_server
 from outbox_core.dialects.mysql.binlog.source import BinlogReader, BinlogSource
 from outbox_core.dialects.mysql.binlog.table import BinlogTable
 from outbox_core.outbox import Outbox
-from outbox_core.relay.tailing import (
-    LogStart,
-    LogTransaction,
-    ScratchLeftBehind,
-    TailingUnavailable,
-)
+from outbox_core.relay.tailing import LogStart, LogTransaction, TailingUnavailable
 
 #: Prefix of the named lock a live check's guard connection holds on its table's name.
 CHECK_LOCK_PREFIX = "outbox_verify:"
@@ -125,47 +119,47 @@ class ConfirmingReader:
         self.reader.close()
 
 
-class ScratchBinlogSource(BinlogSource):
+class ScratchBinlogSource(Remembering[BinlogReader], BinlogSource):
     """The scratch source: every reader it opens is closed with the scratch source."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        dialect: Dialect,
-        *,
-        name: str,
-        schema: str,
-        relay: str,
-        table: BinlogTable,
-        opened: list[BinlogReader],
-    ) -> None:
-        super().__init__(engine, dialect, name=name, schema=schema, relay=relay, table=table)
-        self.opened = opened
 
     def open(self, choose_start: Callable[[LogStart], int]) -> BinlogReader:
         """A reader, remembered for the teardown."""
-        made = super().open(choose_start)
-        self.opened.append(made)
-        return made
+        return self.remember(super().open(choose_start))
 
 
 @dataclass
-class ScratchBinlog:
+class ScratchBinlog(Scratch[BinlogReader]):
     """One check's temporary outbox table, its binlog source and the readers opened."""
 
-    outbox: Outbox
     table: BinlogTable
     name: str
-    schema: str
-    #: Leftover progress tables of dead verify runs dropped before this check.
-    dropped: list[str] = field(default_factory=list)
-    readers: list[BinlogReader] = field(default_factory=list)
+
+    @classmethod
+    def begin(cls, outbox: Outbox, guard: sa.Connection) -> Self:
+        """The source of ``outbox``'s temporary table once the binlog is found tailable
+        (:func:`needs_log_tailing`); leftovers dropped, the check's lock held by ``guard``."""
+        needs_log_tailing(guard)
+        schema = outbox.table.schema or str(guard.execute(sa.text("SELECT DATABASE()")).scalar())
+        guard.commit()
+        dropped = drop_abandoned(guard, schema)
+        # Held until <table>_wal is dropped: the mark of a live check for drop_abandoned.
+        _try_lock(guard, check_lock(schema, outbox.table.name))
+        guard.commit()
+        table = BinlogTable(outbox.dialect)
+        return cls(outbox, schema, table, outbox.table.name, dropped=dropped)
+
+    def create(self, guard: sa.Connection) -> None:
+        """``<table>_wal``, the source's progress row at the binlog's end."""
+        self.table.install(guard)
+        # Events committed from now on are the source's (as `install --source binlog`).
+        self.write_confirmed(read_server(guard).end)
+        guard.commit()  # no snapshot kept open: it would hold the tables' metadata locks
 
     def source(self, relay: str) -> ScratchBinlogSource:
         """The source as a relay named ``relay`` reads it."""
         return ScratchBinlogSource(
             self.outbox.engine, self.outbox.dialect, name=self.name, schema=self.schema,
-            relay=relay, table=self.table, opened=self.readers,
+            relay=relay, table=self.table, opened=self.opened,
         )  # fmt: skip
 
     def reader(self, *, status_interval: float = 10.0) -> ConfirmingReader:
@@ -205,6 +199,23 @@ class ScratchBinlog:
         """The binlog's end: what commits next lies past it."""
         with self.outbox.engine.connect() as conn:
             return read_server(conn).end
+
+    def drop(self) -> str | None:
+        """Drop ``<table>_wal``; None when it is gone, else what to run by hand."""
+        progress = self.table.progress.table
+        try:
+            with self.outbox.engine.connect() as conn:
+                # Not the server's default year: a session still holding the table fails here.
+                conn.execute(sa.text(f"SET SESSION lock_wait_timeout = {DROP_LOCK_WAIT}"))
+                progress.drop(conn, checkfirst=True)
+                conn.commit()
+            return None
+        except (BinlogError, sa.exc.SQLAlchemyError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return (
+                f"dropping {progress.name} failed ({type(exc).__name__}: {first}); drop it by "
+                f"hand: DROP TABLE `{self.schema}`.`{progress.name}`"
+            )
 
 
 def needs_log_tailing(conn: sa.Connection) -> None:
@@ -247,8 +258,7 @@ def drop_abandoned(conn: sa.Connection, schema: str) -> list[str]:
     return dropped
 
 
-@contextmanager
-def scratch_binlog(outbox: Outbox) -> Iterator[ScratchBinlog]:
+def scratch_binlog(outbox: Outbox) -> AbstractContextManager[ScratchBinlog]:
     """``<table>_wal`` of ``outbox``'s temporary table, its source at the binlog's end;
     dropped after.
 
@@ -256,56 +266,4 @@ def scratch_binlog(outbox: Outbox) -> Iterator[ScratchBinlog]:
     (:func:`needs_log_tailing`). ``<table>_wal`` is dropped in ``finally``; if
     that fails too, :class:`ScratchLeftBehind` says how to drop it by hand.
     """
-    name = outbox.table.name
-    guard = outbox.engine.connect()
-    made: ScratchBinlog | None = None
-    problem: BaseException | None = None
-    try:
-        needs_log_tailing(guard)
-        schema = outbox.table.schema or str(guard.execute(sa.text("SELECT DATABASE()")).scalar())
-        guard.commit()
-        dropped = drop_abandoned(guard, schema)
-        # Held until <table>_wal is dropped: the mark of a live check for drop_abandoned.
-        _try_lock(guard, check_lock(schema, name))
-        guard.commit()
-        table = BinlogTable(outbox.dialect)
-        made = ScratchBinlog(outbox, table, name, schema, dropped)
-        table.install(guard)
-        # Events committed from now on are the source's (as `install --source binlog`).
-        made.write_confirmed(read_server(guard).end)
-        guard.commit()  # no snapshot kept open: it would hold the tables' metadata locks
-        yield made
-    except BaseException as exc:
-        problem = exc
-        raise
-    finally:
-        try:
-            left = _teardown(outbox, made) if made is not None else None
-        finally:
-            guard.invalidate()  # its named lock goes with the session
-            guard.close()
-        if left is not None:
-            raise ScratchLeftBehind(left) from problem
-
-
-def _teardown(outbox: Outbox, made: ScratchBinlog) -> str | None:
-    """Close the readers (freeing their locks), drop ``<table>_wal``; None when it is gone,
-    else what to run by hand."""
-    for reader in made.readers:
-        # Closed already by a relay, or failing: the drop below still goes ahead.
-        with contextlib.suppress(Exception):
-            reader.close()
-    progress = made.table.progress.table
-    try:
-        with outbox.engine.connect() as conn:
-            # Not the server's default year: a session still holding the table fails here.
-            conn.execute(sa.text(f"SET SESSION lock_wait_timeout = {DROP_LOCK_WAIT}"))
-            progress.drop(conn, checkfirst=True)
-            conn.commit()
-        return None
-    except (BinlogError, sa.exc.SQLAlchemyError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return (
-            f"dropping {progress.name} failed ({type(exc).__name__}: {first}); drop it by "
-            f"hand: DROP TABLE `{made.schema}`.`{progress.name}`"
-        )
+    return scratch_source(outbox, ScratchBinlog)

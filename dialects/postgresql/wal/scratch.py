@@ -16,16 +16,15 @@ sender) :class:`~outbox_core.relay.tailing.TailingUnavailable` says why.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Self
 
 import sqlalchemy as sa
 
+from outbox_core.dialects.base.tailing.scratch import Remembering, Scratch, scratch_source
 from outbox_core.dialects.postgresql.wal.errors import SlotInUse, WalLevelNotLogical
 from outbox_core.dialects.postgresql.wal.names import parse_lsn
 from outbox_core.dialects.postgresql.wal.pgoutput import WalError
@@ -41,7 +40,7 @@ from outbox_core.dialects.postgresql.wal.slots import (
 from outbox_core.dialects.postgresql.wal.source import SlotReader, SlotSource
 from outbox_core.dialects.postgresql.wal.stream import WalStream
 from outbox_core.outbox import Outbox
-from outbox_core.relay.tailing import ScratchLeftBehind, TailingUnavailable
+from outbox_core.relay.tailing import TailingUnavailable
 
 #: How long creating the slot may wait for transactions open elsewhere to end.
 SLOT_CREATE_TIMEOUT = 30.0
@@ -55,31 +54,48 @@ PREFIX = r"outbox\_verify\_%"
 VERIFY_NAME = re.compile(r"outbox_verify_[0-9a-f]{10}")
 
 
-class ScratchSlotSource(SlotSource):
+class ScratchSlotSource(Remembering[WalStream], SlotSource):
     """The scratch slot's source: every stream it opens is closed with the scratch slot."""
-
-    def __init__(self, *args: Any, opened: list[WalStream], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.opened = opened
 
     def stream(self, **options: Any) -> WalStream:
         """A new stream of the slot, remembered for the teardown."""
-        made = super().stream(**options)
-        self.opened.append(made)
-        return made
+        return self.remember(super().stream(**options))
 
 
 @dataclass
-class ScratchSlot:
+class ScratchSlot(Scratch[WalStream]):
     """One check's temporary outbox table, its publication and slot, the streams opened."""
 
-    outbox: Outbox
     slot: str
     publication: str
-    schema: str
-    #: Leftover slots and publications of dead verify runs dropped before this check.
-    dropped: list[str] = field(default_factory=list)
-    streams: list[WalStream] = field(default_factory=list)
+
+    @classmethod
+    def begin(cls, outbox: Outbox, guard: sa.Connection) -> Self:
+        """The slot and publication of ``outbox``'s temporary table, once log tailing is
+        found possible (:func:`needs_log_tailing`); leftovers dropped, the check's lock
+        held by ``guard``."""
+        name = outbox.table.name
+        needs_log_tailing(guard)
+        schema = outbox.table.schema or str(
+            guard.execute(sa.text("SELECT current_schema()")).scalar()
+        )
+        guard.commit()
+        dropped = drop_abandoned(guard)
+        # Held until the slot is dropped: the mark of a live check for drop_abandoned.
+        _try_lock(guard, name)
+        guard.commit()
+        return cls(outbox, schema, name, name, dropped=dropped)
+
+    def create(self, guard: sa.Connection) -> None:
+        """The publication, then the slot."""
+        # The publication before the slot: the slot decodes with the catalog of its
+        # time. Inserts and updates, as `outbox install --source wal` makes it.
+        create_publication(
+            guard, self.publication, table=self.outbox.table.name, schema=self.schema,
+            publish=("insert", "update"),
+        )  # fmt: skip
+        guard.commit()
+        _make_slot(guard, self.slot)
 
     def source(self, relay: str) -> ScratchSlotSource:
         """The slot as a relay named ``relay`` reads it."""
@@ -90,7 +106,7 @@ class ScratchSlot:
             publication=self.publication,
             tables=[(self.schema, self.outbox.table.name)],
             relay=relay,
-            opened=self.streams,
+            opened=self.opened,
             wal_sender_timeout=30.0,
             application_name="outbox-verify",
         )
@@ -114,6 +130,33 @@ class ScratchSlot:
             return parse_lsn(
                 str(conn.execute(sa.text("SELECT pg_current_wal_insert_lsn()")).scalar())
             )
+
+    def drop(self) -> str | None:
+        """Drop the slot (waiting for its WAL sender) and the publication; None when both
+        are gone, else what to run by hand."""
+        deadline = time.monotonic() + DROP_WITHIN
+        while True:
+            try:
+                with self.outbox.engine.connect() as conn:
+                    drop_slot(conn, self.slot)
+                    drop_publication(conn, self.publication)
+                    conn.commit()
+                return None
+            except SlotInUse:
+                if time.monotonic() > deadline:
+                    return (
+                        f"the replication slot {self.slot} was still in use {DROP_WITHIN:.0f}s "
+                        f"after its readers were closed; it keeps WAL until dropped: "
+                        f"SELECT pg_drop_replication_slot('{self.slot}')"
+                    )
+                time.sleep(0.1)
+            except Exception as exc:
+                return (
+                    f"dropping the replication slot {self.slot} failed ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}); it keeps WAL until "
+                    f"dropped: SELECT pg_drop_replication_slot('{self.slot}'); "
+                    f"DROP PUBLICATION {self.publication}"
+                )
 
 
 def needs_log_tailing(conn: sa.Connection) -> None:
@@ -240,77 +283,11 @@ def _make_slot(guard: sa.Connection, name: str) -> None:
     guard.commit()
 
 
-@contextmanager
-def scratch_slot(outbox: Outbox) -> Iterator[ScratchSlot]:
+def scratch_slot(outbox: Outbox) -> AbstractContextManager[ScratchSlot]:
     """The publication and slot of ``outbox``'s temporary table; both dropped after.
 
     Raises :class:`TailingUnavailable` where log tailing cannot run
     (:func:`needs_log_tailing`). The slot is dropped in ``finally``; if that
     fails too, :class:`ScratchLeftBehind` says how to drop it by hand.
     """
-    name = outbox.table.name
-    guard = outbox.engine.connect()
-    made: ScratchSlot | None = None
-    problem: BaseException | None = None
-    try:
-        needs_log_tailing(guard)
-        schema = outbox.table.schema or str(
-            guard.execute(sa.text("SELECT current_schema()")).scalar()
-        )
-        guard.commit()
-        dropped = drop_abandoned(guard)
-        # Held until the slot is dropped: the mark of a live check for drop_abandoned.
-        _try_lock(guard, name)
-        guard.commit()
-        made = ScratchSlot(outbox, name, name, schema, dropped)
-        # The publication before the slot: the slot decodes with the catalog of its
-        # time. Inserts and updates, as `outbox install --source wal` makes it.
-        create_publication(guard, name, table=name, schema=schema, publish=("insert", "update"))
-        guard.commit()
-        _make_slot(guard, name)
-        yield made
-    except BaseException as exc:
-        problem = exc
-        raise
-    finally:
-        try:
-            left = _teardown(outbox, made) if made is not None else None
-        finally:
-            guard.invalidate()  # its advisory lock and settings go with the session
-            guard.close()
-        if left is not None:
-            raise ScratchLeftBehind(left) from problem
-
-
-def _teardown(outbox: Outbox, made: ScratchSlot) -> str | None:
-    """Close the streams, drop the slot (waiting for its WAL sender) and the publication.
-
-    None when both are gone, else what to run by hand.
-    """
-    for stream in made.streams:
-        # A failing close leaves the slot in use: the drop below says so.
-        with contextlib.suppress(Exception):
-            stream.close()
-    deadline = time.monotonic() + DROP_WITHIN
-    while True:
-        try:
-            with outbox.engine.connect() as conn:
-                drop_slot(conn, made.slot)
-                drop_publication(conn, made.publication)
-                conn.commit()
-            return None
-        except SlotInUse:
-            if time.monotonic() > deadline:
-                return (
-                    f"the replication slot {made.slot} was still in use {DROP_WITHIN:.0f}s "
-                    f"after its readers were closed; it keeps WAL until dropped: "
-                    f"SELECT pg_drop_replication_slot('{made.slot}')"
-                )
-            time.sleep(0.1)
-        except Exception as exc:
-            return (
-                f"dropping the replication slot {made.slot} failed ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); it keeps WAL until dropped: "
-                f"SELECT pg_drop_replication_slot('{made.slot}'); "
-                f"DROP PUBLICATION {made.publication}"
-            )
+    return scratch_source(outbox, ScratchSlot)
