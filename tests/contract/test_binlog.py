@@ -46,7 +46,7 @@ from tests.faults.private_servers import started
 TOPIC = "contract.binlog"
 #: Seconds of the broker outage (the issue's figure is 60).
 OUTAGE = float(os.environ.get("OUTBOX_FAULT_OUTAGE", "60"))
-READING = re.compile(r"reading slot '(\w+)' from (\d+-\d+-\d+)")
+READING = re.compile(r"reading binlog source '(\w+)' from (\d+-\d+-\d+)")
 
 
 @pytest.fixture
@@ -228,7 +228,9 @@ def test_a_sigkilled_relay_resumes_from_the_confirmed_gtid_losing_nothing(
         at_kill = len(set(relays.arrived()))
         wait_for(lambda: lock_holder(outbox) is None, 10, "the lock let go")
         relays.spawn()
-        wait_for(lambda: "reading slot" in relays.logs[1].read_text(), 20, "the new reader")
+        wait_for(
+            lambda: "reading binlog source" in relays.logs[1].read_text(), 20, "the new reader"
+        )
         producer.join(60)
         wanted = set(committed + burst)
         wait_for(lambda: wanted <= set(relays.arrived()), 30, "every event")
@@ -304,13 +306,19 @@ def test_a_standby_takes_over_within_seconds_of_the_active_relay_sigkilled(
     try:
         first = enqueue(outbox, *[(f"k{i % 3}", i) for i in range(20)])
         wait_for(lambda: set(first) <= set(relays.arrived()), 30, "the first events")
-        readers = [i for i, log in enumerate(relays.logs) if "reading slot" in log.read_text()]
+        readers = [
+            i for i, log in enumerate(relays.logs) if "reading binlog source" in log.read_text()
+        ]
         assert len(readers) == 1, [log.read_text() for log in relays.logs]  # one reader
         active, standby = readers[0], 1 - readers[0]
         wait_for(lambda: "standing by" in relays.logs[standby].read_text(), 15, "the standby")
         relays.procs[active].send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: "took over slot" in relays.logs[standby].read_text(), 15, "the takeover")
+        wait_for(
+            lambda: "took over binlog source" in relays.logs[standby].read_text(),
+            15,
+            "the takeover",
+        )
         takeover = time.monotonic() - killed
         second = enqueue(outbox, *[(f"k{i % 3}", 100 + i) for i in range(20)])
         wait_for(lambda: set(second) <= set(relays.arrived()), 30, "events after the takeover")

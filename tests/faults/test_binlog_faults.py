@@ -38,7 +38,7 @@ KILL_EVERY = 3.0
 CHAOS = 20.0
 #: The longest a standby may take to read after the reading relay is killed.
 MAX_TAKEOVER = 5.0
-READER_LINES = ("reading slot", "took over slot")
+READER_LINES = ("reading binlog source", "took over binlog source")
 
 
 class Producer:

@@ -196,6 +196,9 @@ class BinlogReader:
 class BinlogSource:
     """The outbox table's rows in the server's binlog, from a GTID position."""
 
+    kind = "binlog"
+    noun = "binlog source"
+
     def __init__(
         self,
         engine: Engine,

@@ -145,6 +145,9 @@ class SlotReader:
 class SlotSource:
     """A logical replication slot (plugin ``pgoutput``) of the outbox table's publication."""
 
+    kind = "wal"
+    noun = "slot"
+
     def __init__(
         self,
         url: str | sa.URL,

@@ -243,13 +243,16 @@ class TailingRelay(ClosableRelay):
         """Relay until :meth:`stop` or SIGTERM/SIGINT; return normally (exit code 0)."""
         try:
             with stop_on_signals(self.stop, install=install_signal_handlers):
-                log.info("wal relay %s started (batch %d)", self.name, self.batch_size)
+                log.info(
+                    "%s relay %s started (batch %d)", self.source.kind, self.name, self.batch_size
+                )
                 self.breaker.probe_at_start()
                 self._run_loop()
         finally:
             self.close()
             log.info(
-                "wal relay %s stopped (%d published, %d dead)",
+                "%s relay %s stopped (%d published, %d dead)",
+                self.source.kind,
                 self.name,
                 self.published,
                 self.dead,
@@ -285,7 +288,9 @@ class TailingRelay(ClosableRelay):
                 # comes again from the settled position (at least once).
                 if self.resume.lost_at is None:
                     self.resume.lost_at = time.monotonic()
-                    log.warning("connection lost (%s): reconnecting to the slot", short(exc))
+                    log.warning(
+                        "connection lost (%s): reconnecting to the %s", short(exc), self.source.noun
+                    )
                 else:
                     log.debug("reconnecting failed (%s): retrying", short(exc))
                 self._database_is(False, short(exc))
@@ -301,7 +306,9 @@ class TailingRelay(ClosableRelay):
                 reader = self.source.open(self.choose_start)
             except SourceInUse:
                 if not waiting:
-                    log.info("slot in use by another relay: standing by to take over")
+                    log.info(
+                        "%s in use by another relay: standing by to take over", self.source.noun
+                    )
                     waiting = True
                 self._last_cycle_at = time.time()  # a standby is healthy (/healthz)
                 self.control.sleep(standby.next())

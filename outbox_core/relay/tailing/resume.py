@@ -82,14 +82,14 @@ class Resume:
             reader.confirm(reader.start)
         chosen = self.chosen or StartingPoint(reader.start, "the slot's confirmed position")
         where = f"{self.source.describe(reader.start)} ({chosen.why})"
-        slot = self.source.name
+        slot, noun = self.source.name, self.source.noun
         if self.lost_at is not None:
             away = time.monotonic() - self.lost_at
-            log.info("reconnected to slot %r after %.1fs: resuming from %s", slot, away, where)
+            log.info("reconnected to %s %r after %.1fs: resuming from %s", noun, slot, away, where)
         elif took_over:
-            log.info("took over slot %r from another relay: resuming from %s", slot, where)
+            log.info("took over %s %r from another relay: resuming from %s", noun, slot, where)
         else:
-            log.info("reading slot %r from %s", slot, where)
+            log.info("reading %s %r from %s", noun, slot, where)
         self.lost_at = None
         self.chosen = None
 

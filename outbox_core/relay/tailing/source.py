@@ -137,6 +137,10 @@ class LogSource(Protocol):
 
     #: The source's name (PostgreSQL: the slot): the progress row's key.
     name: str
+    #: What log lines call the relay and its source: ``wal`` and ``slot``, ``binlog``
+    #: and ``binlog source``.
+    kind: str
+    noun: str
 
     @property
     def table(self) -> LogTable:
