@@ -57,7 +57,6 @@ ALONE = (
     "tests/contract/test_partitions.py",
     "tests/contract/test_verify.py",
     "tests/contract/test_wal_stream.py",
-    "tests/contract/test_wal_relay.py",
     "tests/unit/test_packaging.py",
 )
 
@@ -215,6 +214,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             value for value in callspec.params.values() if isinstance(value, str)
         }:
             item.add_marker(pytest.mark.optional_driver)
+
+
+#: Tests of a few minutes each that share the machine: started first among the shared
+#: ones, so that none of them is the run's last.
+LONG_SHARED = ("tests/django/",)
+
+
+def run_order(item: pytest.Item) -> int:
+    """Tests marked ``alone`` first, then the long shared ones, then the rest.
+
+    Under pytest-xdist an ``alone`` test waits until the tests running on the
+    other workers end, and holds theirs back: spread among the others, each
+    one idles two workers for the rest of a test they started (up to a Django
+    suite's two minutes). Run first, they follow one another, and the shared
+    tests then fill every worker. The sort is stable: pytest's grouping of a
+    module's tests by fixture stays within each part.
+    """
+    if item.get_closest_marker("alone"):
+        return 0
+    return 1 if item.nodeid.startswith(LONG_SHARED) else 2
+
+
+class RunOrder:
+    """Sorts the collected tests by :func:`run_order`, after every other plugin (the
+    marks, the deselection by ``-m`` and pytest's grouping by fixture come first)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=run_order)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(RunOrder(), "outbox-run-order")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -273,6 +273,7 @@ def wal_lsn(feed: Feed) -> int:
         return int(str(conn.execute(sa.text("SELECT pg_current_wal_lsn() - '0/0'")).scalar()))
 
 
+@pytest.mark.alone  # it times the slot's confirm (2.5 s)
 @pytest.mark.parametrize("broken", [False, True], ids=["relay", "key-not-held"])
 def test_a_long_delay_waits_in_the_table_and_the_slot_moves_on(feed: Feed, broken: bool) -> None:
     queue = MemoryQueue("wal-defer")
@@ -642,6 +643,7 @@ def active_reader(feed: Feed) -> str | None:
         ).scalar()
 
 
+@pytest.mark.alone  # it times the standby's takeovers
 def test_sigkilled_relays_with_a_standby_lose_nothing_and_keep_commit_order(
     feed: Feed, rabbit: RabbitState, tmp_path: Path
 ) -> None:
