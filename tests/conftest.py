@@ -216,24 +216,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.optional_driver)
 
 
-#: Tests of a few minutes each that share the machine: started first among the shared
-#: ones, so that none of them is the run's last.
-LONG_SHARED = ("tests/django/",)
+#: Shared modules with tests of a minute or more: started first, so that none of them
+#: is still running when the ``alone`` tests begin (each would wait for it).
+LONG_SHARED = (
+    "tests/django/",
+    "tests/contract/test_wal_relay.py",
+    "tests/contract/test_wal_resume.py",
+    "tests/contract/test_binlog.py",
+    "tests/property/test_guarantees.py",
+    "tests/contract/test_migrate.py",
+    "tests/contract/test_wal_versions.py",
+)
 
 
 def run_order(item: pytest.Item) -> int:
-    """Tests marked ``alone`` first, then the long shared ones, then the rest.
+    """The long shared tests first, then the other shared ones, then the ``alone`` ones.
 
     Under pytest-xdist an ``alone`` test waits until the tests running on the
-    other workers end, and holds theirs back: spread among the others, each
+    other workers end, and holds back theirs: spread among the others, each
     one idles two workers for the rest of a test they started (up to a Django
-    suite's two minutes). Run first, they follow one another, and the shared
-    tests then fill every worker. The sort is stable: pytest's grouping of a
-    module's tests by fixture stays within each part.
+    suite's two minutes). Last, they follow one another once the shared tests
+    are done, and the shared tests before them fill every worker. The sort is
+    stable: pytest's grouping of a module's tests by fixture stays within
+    each part.
     """
     if item.get_closest_marker("alone"):
-        return 0
-    return 1 if item.nodeid.startswith(LONG_SHARED) else 2
+        return 2
+    return 0 if item.nodeid.startswith(LONG_SHARED) else 1
 
 
 class RunOrder:
