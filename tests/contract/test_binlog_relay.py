@@ -22,29 +22,20 @@ held and dead gauges, ``/healthz``), and after the relay stopped.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tests.binlog_support import BinlogMariaDB
 from tests.contract import test_wal_relay as wal
 from tests.contract.test_wal_relay import (
-    TOPIC,
     Feed,
     gauge,
     installed_feed,
-    outbox_cmd,
     run,
     scrape,
-    wait_for,
+    watched_relay,
 )
-from tests.faults.private_servers import free_port
 
 pytestmark = pytest.mark.needs_server
 
@@ -79,59 +70,15 @@ def test_status_and_metrics_show_the_binlog_lag_and_the_oldest_unpublished_event
     feed: Feed,
 ) -> None:
     url, table = feed.logical_server.url, feed.table
-    port = free_port()
-    relay = subprocess.Popen(
-        outbox_cmd("relay", "--source", "binlog", "--db", url, "--table", table,
-                   "--broker", "memory://", "--name", "binlog-watched",
-                   "--metrics-port", str(port)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # The delayed event stays in memory (not handed to the table) for this test.
-        env={**os.environ, "OUTBOX_DEFER_AFTER": "1h"},
-    )  # fmt: skip
-
-    def status() -> dict[str, Any]:
-        result = run("status", "--db", url, "--table", table, "--source", "binlog", "--json")
-        assert result.returncode == 0, result.stderr
-        tailing: dict[str, Any] = json.loads(result.stdout)["log_tailing"]
-        return tailing
-
-    try:
-        # An event held in memory by its delay: the oldest unpublished one.
-        with feed.outbox.engine.begin() as conn:
-            feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="late", delay=600)
-        feed.enqueue(("now", {"n": 2}))
-        wait_for(lambda: status()["held"] == 1, 30, "the relay reports the delayed event held")
-        time.sleep(2)  # the held event ages: its age is what is measured below
-        seen = status()
-        assert seen["active"] and seen["relay"] == "binlog-watched" and not seen["estimated"]
-        assert seen["exists"] and seen["reader_pid"]
-        assert 2 <= seen["oldest_unpublished_age"] < 60
+    with watched_relay(feed, "binlog", "binlog-watched") as watched:
+        seen = watched.seen
         assert seen["retained_bytes"] > 0 and seen["binlog_files"] >= 1
         assert seen["lag_transactions"] >= 1  # the held event's transaction
         text = run("status", "--db", url, "--table", table, "--source", "binlog").stdout
         assert "binlog source" in text and "read by connection" in text, text
-        code, metrics = scrape(port)
-        assert code == 200
-        assert gauge(metrics, "outbox_wal_held_events") == 1
-        assert (gauge(metrics, "outbox_wal_oldest_unpublished_seconds") or 0) >= 2
-        assert (gauge(metrics, "outbox_wal_retained_bytes") or 0) > 0
+        _, metrics = scrape(watched.port)
         # The held event's transaction keeps the position behind the binlog's end
         # (counted in transactions: a GTID is no byte offset).
         assert (gauge(metrics, "outbox_wal_lag_transactions") or 0) >= 1
         assert gauge(metrics, "outbox_wal_lag_bytes") is None
-        assert gauge(metrics, f'outbox_events_published_total{{topic="{TOPIC}"}}') == 1
-        assert gauge(metrics, "outbox_pending_events") is None
-        assert gauge(metrics, "outbox_dead_events") == 0
-        code, health = scrape(port, "/healthz")
-        assert code == 200 and json.loads(health)["status"] == "ok", health
-    finally:
-        relay.send_signal(signal.SIGTERM)
-        _, err = relay.communicate(timeout=30)
-    assert relay.returncode == 0, err
-    # Nobody reads: the age is estimated from the last report, and keeps growing.
-    feed.enqueue(("after", {"n": 3}))
-    gone = status()
-    assert not gone["active"] and gone["estimated"] and gone["reader_pid"] is None
-    assert gone["oldest_unpublished_age"] >= seen["oldest_unpublished_age"]
+    assert watched.gone["lag_transactions"] > seen["lag_transactions"]

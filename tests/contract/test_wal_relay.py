@@ -965,47 +965,63 @@ def gauge(text: str, name: str) -> float | None:
     return None
 
 
-def test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event(
-    feed: Feed,
-) -> None:
+def tailing_status(feed: Feed, source: str) -> dict[str, Any]:
+    """``outbox status --source <source> --json``: its log-tailing part."""
+    url, table = feed.logical_server.url, feed.table
+    result = run("status", "--db", url, "--table", table, "--source", source, "--json")
+    assert result.returncode == 0, result.stderr
+    tailing: dict[str, Any] = json.loads(result.stdout)["log_tailing"]
+    return tailing
+
+
+@dataclass
+class Watched:
+    """A relay process with ``--metrics-port`` holding one delayed event in memory, and
+    what ``status`` showed once the event was two seconds old."""
+
+    port: int
+    seen: dict[str, Any]
+    #: Filled once the relay stopped (SIGTERM): ``status`` with nobody reading.
+    gone: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def watched_relay(feed: Feed, source: str, name: str) -> Iterator[Watched]:
+    """``outbox relay --source <source> --metrics-port`` on ``feed`` (memory broker), an
+    event delayed 600 s held in memory and one published; stopped after, exit code 0,
+    and ``status`` read again after one more event."""
     url, table = feed.logical_server.url, feed.table
     port = free_port()
     relay = subprocess.Popen(
-        outbox_cmd(*RELAY, "--db", url, "--table", table, "--broker", "memory://",
-                   "--name", "wal-watched", "--metrics-port", str(port)),
+        outbox_cmd("relay", "--source", source, "--db", url, "--table", table,
+                   "--broker", "memory://", "--name", name, "--metrics-port", str(port)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         # The delayed event stays in memory (not handed to the table) for this test.
         env={**os.environ, "OUTBOX_DEFER_AFTER": "1h"},
     )  # fmt: skip
-
-    def status() -> dict[str, Any]:
-        result = run("status", "--db", url, "--table", table, "--source", "wal", "--json")
-        assert result.returncode == 0, result.stderr
-        tailing: dict[str, Any] = json.loads(result.stdout)["log_tailing"]
-        return tailing
-
     try:
         # An event held in memory by its delay: the oldest unpublished one.
         with feed.outbox.engine.begin() as conn:
             feed.outbox.enqueue(conn, TOPIC, {"n": 1}, key="late", delay=600)
         feed.enqueue(("now", {"n": 2}))
-        wait_for(lambda: status()["held"] == 1, 30, "the relay reports the delayed event held")
-        time.sleep(2)
-        seen = status()
-        assert seen["active"] and seen["relay"] == "wal-watched" and not seen["estimated"]
-        assert seen["exists"] and seen["reader_pid"] and seen["confirmed_lsn"]
+        wait_for(
+            lambda: tailing_status(feed, source)["held"] == 1, 30,
+            "the relay reports the delayed event held",
+        )  # fmt: skip
+        time.sleep(2)  # the held event ages: its age is what is measured
+        watched = Watched(port, tailing_status(feed, source))
+        seen = watched.seen
+        assert seen["active"] and seen["relay"] == name and not seen["estimated"]
+        assert seen["exists"] and seen["reader_pid"]
         assert 2 <= seen["oldest_unpublished_age"] < 60
-        assert seen["lag_bytes"] > 0  # the delayed event's transaction holds the slot back
-        text = run("status", "--db", url, "--table", table, "--source", "wal").stdout
-        assert "read by pid" in text and "held by relay wal-watched" in text
-        # /metrics: the slot's and the relay's gauges, no pending gauges (rows stay pending).
+        yield watched
+        # /metrics: the relay's gauges, no pending gauges (rows stay pending).
         code, metrics = scrape(port)
         assert code == 200
         assert gauge(metrics, "outbox_wal_held_events") == 1
         assert (gauge(metrics, "outbox_wal_oldest_unpublished_seconds") or 0) >= 2
-        assert (gauge(metrics, "outbox_wal_lag_bytes") or 0) > 0
         assert (gauge(metrics, "outbox_wal_retained_bytes") or 0) > 0
         assert gauge(metrics, f'outbox_events_published_total{{topic="{TOPIC}"}}') == 1
         assert gauge(metrics, "outbox_pending_events") is None
@@ -1018,9 +1034,24 @@ def test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event(
     assert relay.returncode == 0, err
     # Nobody reads: the age is estimated from the last report, and keeps growing.
     feed.enqueue(("after", {"n": 3}))
-    gone = status()
+    gone = watched.gone
+    gone.update(tailing_status(feed, source))
     assert not gone["active"] and gone["estimated"] and gone["reader_pid"] is None
     assert gone["oldest_unpublished_age"] >= seen["oldest_unpublished_age"]
-    assert gone["lag_bytes"] > seen["lag_bytes"]
+
+
+def test_status_and_metrics_show_the_slot_lag_and_the_oldest_unpublished_event(
+    feed: Feed,
+) -> None:
+    url, table = feed.logical_server.url, feed.table
+    with watched_relay(feed, "wal", "wal-watched") as watched:
+        seen = watched.seen
+        assert seen["confirmed_lsn"]
+        assert seen["lag_bytes"] > 0  # the delayed event's transaction holds the slot back
+        text = run("status", "--db", url, "--table", table, "--source", "wal").stdout
+        assert "read by pid" in text and "held by relay wal-watched" in text
+        _, metrics = scrape(watched.port)
+        assert (gauge(metrics, "outbox_wal_lag_bytes") or 0) > 0
+    assert watched.gone["lag_bytes"] > seen["lag_bytes"]
     text = run("status", "--db", url, "--table", table, "--source", "wal").stdout
     assert "NOT READ" in text and "estimated" in text
