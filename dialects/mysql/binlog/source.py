@@ -265,15 +265,15 @@ class BinlogSource:
             return f"{later - earlier}"
         return f"{server.count(later) - server.count(earlier)} transaction(s)"
 
-    def facts(self, conn: sa.Connection) -> SourceFacts | None:
-        """The source: its reader (the lock's holder), its confirmed position and the binlog
-        the server keeps (``SHOW BINARY LOGS``). No lag in bytes: a GTID is no offset (the
-        lag in transactions is :class:`~.tailing.BinlogStatus`'s)."""
+    def facts(self, conn: sa.Connection, server: BinlogServer | None = None) -> SourceFacts | None:
+        """The source: its reader (the lock's holder), its confirmed position, the binlog
+        the server keeps (``SHOW BINARY LOGS``) and the transactions committed past the
+        position. No lag in bytes: a GTID is no offset. ``server``: already read."""
         confirmed = self.table.progress.settled(conn, self.name)
         if confirmed is None:
             return None
         holder = lock_holder(conn, self.lock_id)
-        server = read_server(conn)
+        server = server or read_server(conn)
         try:
             retained: int | None = retention(conn).bytes
         except sa.exc.DBAPIError:  # no BINLOG MONITOR: the size is unknown, the rest stands

@@ -135,7 +135,7 @@ class BinlogTailing:
         source = self._source(outbox, settings, "status")
         with outbox.engine.connect() as conn:
             server = read_server(conn)
-            facts = source.facts(conn)
+            facts = source.facts(conn, server)
             status = source.table.source_status(conn, source.name, facts, server.describe)
             if facts is None or facts.confirmed is None:
                 return status
