@@ -21,13 +21,19 @@ class PgListener:
         from psycopg import sql
 
         self._raw = engine.raw_connection()
-        conn: Any = self._raw.driver_connection
-        if conn is None:
-            raise RuntimeError("the pool gave no driver connection")
-        conn.autocommit = True
-        # LISTEN has no SQLAlchemy construct; the channel is quoted as an identifier.
-        for channel in channels:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        try:
+            conn: Any = self._raw.driver_connection
+            if conn is None:
+                raise RuntimeError("the pool gave no driver connection")
+            conn.autocommit = True
+            # LISTEN has no SQLAlchemy construct; the channel is quoted as an identifier.
+            for channel in channels:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except BaseException:
+            # Not back to the pool (left to the garbage collector it would be):
+            # the pool's reset of a connection the server dropped logs a traceback.
+            self._raw.invalidate()
+            raise
         self._conn = conn
 
     def wait(self, timeout: float) -> bool:

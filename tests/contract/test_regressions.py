@@ -7,7 +7,9 @@
 - a cleanup batch never carries more bound parameters than the database takes
   (SQL Server: 2,100);
 - the wake-up goes out when ``enqueue`` is the first statement of a connection
-  whose transaction begins on that statement (SQLAlchemy's autobegin).
+  whose transaction begins on that statement (SQLAlchemy's autobegin);
+- a LISTEN that fails on a fresh connection (the server going down) discards
+  it: handed back to the pool, its reset logged a traceback.
 """
 
 from __future__ import annotations
@@ -160,6 +162,24 @@ def test_enqueue_as_first_statement_of_connect_then_commit_sends_the_wake_up(
         assert listener.wait(2.0)
     finally:
         listener.close()
+
+
+def test_a_listen_that_fails_discards_its_connection(
+    outbox: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _listening(outbox).close()  # skips where there are no notifications
+    import psycopg
+
+    def lost(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("the connection is lost")
+
+    invalidated: list[object] = []
+    sa.event.listen(outbox.engine, "invalidate", lambda *args: invalidated.append(args))
+    monkeypatch.setattr(psycopg.Connection, "execute", lost)
+    with pytest.raises(psycopg.OperationalError):
+        outbox.dialect.enqueue.listener(outbox.engine, ["some_channel"])
+    assert len(invalidated) == 1
+    assert outbox.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
 def test_enqueue_as_first_statement_wakes_in_process_relays(outbox: Outbox) -> None:
