@@ -53,6 +53,9 @@ test_retry_holds_only_its_key_and_past_max_attempts_it_is_dead = (
 test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream = (
     wal.test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream
 )
+test_a_replay_the_log_shows_before_other_sessions_see_it_is_read_once_they_do = (
+    wal.test_a_replay_the_log_shows_before_other_sessions_see_it_is_read_once_they_do
+)
 test_skip_dead_lets_the_key_move_on = wal.test_skip_dead_lets_the_key_move_on
 test_a_delayed_event_waits_and_holds_its_key = wal.test_a_delayed_event_waits_and_holds_its_key
 test_a_dead_key_holds_its_long_delayed_events_dead_too = (

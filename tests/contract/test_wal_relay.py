@@ -57,6 +57,7 @@ from outbox_core.dialects.postgresql.wal import SlotInUse, slot_facts
 from outbox_core.message import Event, Outcome, State
 from outbox_core.relay.tailing import TailingRelay
 from outbox_core.relay.tailing.handover import HandOver
+from outbox_core.relay.tailing.source import LogTransaction
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 from tests.contract.test_wal_stream import private_postgres, retry
 from tests.faults.private_servers import PrivatePostgres, free_port
@@ -451,6 +452,39 @@ def test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream(
     (after,) = feed.enqueue(("a", {"n": 5}))  # the key flows again
     wait_for(lambda: len(queue.snapshot()) == 5, 15, "the next event of the key")
     assert queue.snapshot()[-1].event_id == after
+
+
+def test_a_replay_the_log_shows_before_other_sessions_see_it_is_read_once_they_do(
+    feed: Feed,
+) -> None:
+    # MySQL sends the binlog before InnoDB commits, PostgreSQL writes the commit
+    # record before the transaction ends: the relay may take in a replay whose
+    # rows other sessions still see dead. It must wait for them, not drop them.
+    relay = tailing_relay(
+        feed.outbox, MemoryBroker(MemoryQueue("wal-early")), feed.outbox.settings, "early"
+    )
+    made = feed.enqueue(("a", {"n": 1}), ("a", {"n": 2}))
+    t = feed.outbox.table
+    with feed.outbox.engine.begin() as conn:
+        conn.execute(t.update().where(t.c.event_id.in_(made)).values(state=int(State.DEAD)))
+        ids = list(
+            conn.execute(sa.select(t.c.id).where(t.c.event_id.in_(made)).order_by(t.c.id)).scalars()
+        )
+    replay = feed.outbox.engine.connect()
+    try:
+        replay.execute(t.update().where(t.c.id.in_(ids)).values(state=int(State.PENDING)))
+        later = threading.Timer(1.0, replay.commit)  # the replay becomes visible a second on
+        later.start()
+        started = time.monotonic()
+        relay.publisher.intake(
+            LogTransaction(end=1, commit=1, committed_at=datetime.now(UTC), events=(), replayed=ids)
+        )
+        waited = time.monotonic() - started
+        later.join()
+    finally:
+        replay.close()
+    assert [i.event.event_id for i in relay.publisher.lanes.lane("a")] == made
+    assert waited >= 0.5  # it waited for the replay's commit
 
 
 def test_skip_dead_lets_the_key_move_on(feed: Feed) -> None:

@@ -50,16 +50,25 @@ class LogTable:
     def replayed(
         self, conn: Connection, ids: Sequence[int], token: str
     ) -> list[tuple[Event, datetime]]:
-        """Rows among ``ids`` still pending, in id order (an update's TOAST is not in the log)."""
+        """Rows among ``ids`` still pending, in id order (an update's TOAST is not in the log).
+
+        The log may show the replay's commit before other sessions can see it:
+        MySQL sends the binlog before InnoDB commits, and PostgreSQL writes the
+        commit record before the transaction ends. A plain read could then find
+        the rows still dead and the replay would be lost. A locking read, by id
+        only (PostgreSQL locks only rows its snapshot matched), waits for the
+        replay's transaction and reads what it wrote.
+        """
         t = self.table
         query = (
-            sa.select(*self.columns, t.c.available_at)
-            .where(self.dialect.id_in(ids), in_state(t.c.state, State.PENDING))
+            sa.select(*self.columns, t.c.available_at, t.c.state)
+            .where(self.dialect.id_in(ids))
             .order_by(t.c.id)
+            .with_for_update(read=True)
         )
-        rows = conn.execute(query).all()
+        rows = [r for r in conn.execute(query) if r[-1] == int(State.PENDING)]
         return [
-            (self.dialect.to_event(r[:-1], token, attempts_offset=1), aware(r[-1])) for r in rows
+            (self.dialect.to_event(r[:-2], token, attempts_offset=1), aware(r[-2])) for r in rows
         ]
 
     def mark_dead(self, conn: Connection, dead: Sequence[tuple[Event, int, str]]) -> None:
