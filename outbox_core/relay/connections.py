@@ -189,6 +189,9 @@ class Connections:
         if not exc.unreachable:
             log.error("%s%s; retrying in %.1fs", doing, exc, wait)
             return
+        if self.state.up:  # one session lost, a fresh one answered (_lost said so)
+            log.debug("%s%s; retrying in %.2fs", doing, exc, wait)
+            return
         now = time.monotonic()
         with self._lock:
             remind = now - max(self._down_at, self._reminded_at) >= REMIND_EVERY

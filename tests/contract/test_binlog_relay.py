@@ -6,6 +6,8 @@ on the binlog (``feed`` is this module's: an outbox with its progress table
 on the test's own MariaDB, a relay on a thread of this process):
 
 * a retry holds only its key, and past ``max_attempts`` the event is dead;
+* a database error other than a lost connection reconnects, losing nothing;
+* replayed rows the log shows before other sessions see them are waited for;
 * a rejected event is dead in the table with its key's later events held dead
   behind it, and ``outbox replay --key`` brings them back through the binlog
   in their order;
@@ -15,7 +17,8 @@ on the test's own MariaDB, a relay on a thread of this process):
 * a long backoff hands the key to the table and the next relay finishes it in
   order, even when the previous relay's clock was ahead.
 
-Beside them: ``outbox status --source binlog --json`` and the relay's
+Beside them: python-mysql-replication failing mid-stream with an error of its
+own reconnects and loses nothing; ``outbox status --source binlog --json`` and the relay's
 ``/metrics`` while an event is held (the source's lag and binlog kept, the
 held and dead gauges, ``/healthz``), and after the relay stopped.
 """
@@ -23,9 +26,12 @@ held and dead gauges, ``/healthz``), and after the relay stopped.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from outbox_core.brokers.memory import MemoryBroker, MemoryQueue
+from outbox_core.dialects.mysql.binlog.stream import BinlogStream
 from tests.binlog_support import BinlogMariaDB
 from tests.contract import test_wal_relay as wal
 from tests.contract.test_wal_relay import (
@@ -34,6 +40,7 @@ from tests.contract.test_wal_relay import (
     installed_feed,
     run,
     scrape,
+    wait_for,
     watched_relay,
 )
 
@@ -49,6 +56,9 @@ def feed(binlog_server: BinlogMariaDB) -> Iterator[Feed]:
 
 test_retry_holds_only_its_key_and_past_max_attempts_it_is_dead = (
     wal.test_retry_holds_only_its_key_and_past_max_attempts_it_is_dead
+)
+test_a_database_error_of_another_kind_reconnects_and_loses_nothing = (
+    wal.test_a_database_error_of_another_kind_reconnects_and_loses_nothing
 )
 test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream = (
     wal.test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream
@@ -85,3 +95,26 @@ def test_status_and_metrics_show_the_binlog_lag_and_the_oldest_unpublished_event
         assert (gauge(metrics, "outbox_wal_lag_transactions") or 0) >= 1
         assert gauge(metrics, "outbox_wal_lag_bytes") is None
     assert watched.gone["lag_transactions"] > seen["lag_transactions"]
+
+
+def test_the_binlog_library_failing_mid_stream_reconnects_and_loses_nothing(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # python-mysql-replication can fail with errors of its own when the server goes
+    # mid-packet: a new reader starts from the confirmed position; the cause is shown.
+    rows = BinlogStream._rows
+    failures = [AttributeError("'NoneType' object has no attribute 'read'")]
+
+    def failing_once(event: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return rows(event)
+
+    monkeypatch.setattr(BinlogStream, "_rows", staticmethod(failing_once))
+    queue = MemoryQueue("binlog-library-error")
+    feed.start(MemoryBroker(queue))
+    made = feed.enqueue(("a", {"n": 1}), ("a", {"n": 2}))
+    wait_for(lambda: len(queue.snapshot()) >= 2, 20, "the events after the reconnect")
+    assert [e.event_id for e in queue.snapshot()] == made
+    assert "the binlog reader failed; reconnecting" in caplog.text
+    assert "AttributeError" in caplog.text

@@ -398,6 +398,11 @@ def test_a_settle_whose_connection_died_is_retried_on_a_fresh_one(
     assert changes.states == []
     assert "reconnected (the database answers)" in caplog.text
     assert relay.database_state.up and relay.connections.may_reap()
+    # The loop that met the lost session logs it without calling the database down.
+    from outbox_core.errors import DatabaseError
+
+    relay.connections.log_failure(DatabaseError("lost", unreachable=True), "presence: ", 1.0)
+    assert "unavailable" not in caplog.text
     relay.close()
 
 

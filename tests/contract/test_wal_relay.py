@@ -21,7 +21,9 @@ Covered:
   everything delivered after;
 * retry holds only its key; past ``max_attempts`` or on reject the row is
   dead in the table (``status`` shows it), its key's later events held dead
-  behind it, and ``outbox replay --key`` brings them back through the stream;
+  behind it, and ``outbox replay --key`` brings them back through the stream
+  (a replay taken from the log before other sessions see it is waited for);
+* a database error other than a lost connection reconnects, losing nothing;
 * ``outbox install --source wal`` / ``outbox uninstall --source wal`` and
   the refusals: not PostgreSQL, ``wal_level=replica``, no REPLICATION
   (passwords never shown).
@@ -57,6 +59,7 @@ from outbox_core.dialects.postgresql.wal import SlotInUse, slot_facts
 from outbox_core.message import Event, Outcome, State
 from outbox_core.relay.tailing import TailingRelay
 from outbox_core.relay.tailing.handover import HandOver
+from outbox_core.relay.tailing.publisher import Publisher
 from outbox_core.relay.tailing.source import LogTransaction
 from tests.contract.broker_fixtures import RabbitState, require_rabbitmq
 from tests.contract.test_wal_stream import private_postgres, retry
@@ -418,6 +421,29 @@ def test_retry_holds_only_its_key_and_past_max_attempts_it_is_dead(feed: Feed) -
     _, attempts, error = feed.rows()[hopeless]
     assert attempts == 3 and error == "never" and calls[hopeless] == 3
     assert relay.dead == 1
+
+
+def test_a_database_error_of_another_kind_reconnects_and_loses_nothing(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A server coming back answers with more than OperationalError (PyMySQL's
+    # "Packet sequence number wrong" is an InternalError): the relay reconnects,
+    # as for a lost connection, and says so; it does not end.
+    queue = MemoryQueue("wal-odd-error")
+    loaded = Publisher.load_dead_keys
+    failures = [sa.exc.InternalError("SELECT", {}, Exception("Packet sequence number wrong"))]
+
+    def load_dead_keys(self: Publisher) -> None:
+        if failures:
+            raise failures.pop()
+        loaded(self)
+
+    monkeypatch.setattr(Publisher, "load_dead_keys", load_dead_keys)
+    made = feed.enqueue(("a", {"n": 1}), ("b", {"n": 2}))
+    feed.start(MemoryBroker(queue))
+    wait_for(lambda: len(queue.snapshot()) == 2, 20, "the events after the reconnect")
+    assert sorted(e.event_id for e in queue.snapshot()) == sorted(made)
+    assert "database error (InternalError: " in caplog.text
 
 
 def test_reject_marks_the_row_dead_and_replay_brings_it_back_through_the_stream(

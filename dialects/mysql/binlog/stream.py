@@ -28,6 +28,7 @@ from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent  # type
 from outbox_core.dialects.mysql.binlog.errors import BinlogConnectionError, BinlogPurged
 from outbox_core.dialects.mysql.binlog.names import mariadb_position
 from outbox_core.dialects.mysql.binlog.server import BinlogServer
+from outbox_core.errors import OutboxError
 
 log = logging.getLogger("outbox.relay")
 
@@ -217,4 +218,12 @@ def _as_error(exc: BaseException) -> BaseException:
         return BinlogConnectionError(f"binlog connection lost: {exc}")
     if isinstance(exc, pymysql.err.Error | OSError):
         return BinlogConnectionError(f"binlog connection lost: {exc}")
-    return exc
+    if isinstance(exc, OutboxError) or not isinstance(exc, Exception):
+        return exc
+    # Anything else broke the stream (the library, mid-packet as the server went):
+    # a new reader starts again from the confirmed position; the cause is shown
+    # whole, each time, in case it is no passing thing.
+    log.error("the binlog reader failed; reconnecting", exc_info=exc)
+    error = BinlogConnectionError(f"the binlog reader failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

@@ -283,10 +283,20 @@ class TailingRelay(ClosableRelay):
                     lost.reset()
                 self.step(self.reader)
                 self._database_is(True)
-            except (DatabaseError, sa.exc.OperationalError) as exc:
+            except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
                 # The database restarted or the connection broke: what was not confirmed
-                # comes again from the settled position (at least once).
-                if self.resume.lost_at is None:
+                # comes again from the settled position (at least once). Any other
+                # database error too, as the polling relay retries every one: a server
+                # coming back answers with more than OperationalError.
+                if not _connection_error(exc):
+                    log.error(
+                        "database error (%s: %s): reconnecting to the %s",
+                        type(exc).__name__,
+                        short(exc),
+                        self.source.noun,
+                    )
+                    self.resume.lost_at = self.resume.lost_at or time.monotonic()
+                elif self.resume.lost_at is None:
                     self.resume.lost_at = time.monotonic()
                     log.warning(
                         "connection lost (%s): reconnecting to the %s", short(exc), self.source.noun
@@ -430,3 +440,13 @@ class TailingRelay(ClosableRelay):
         self._forget()
         self.presence.connections.close_all()
         self.close_broker()
+
+
+def _connection_error(exc: BaseException) -> bool:
+    """A lost or refused connection (expected while the server restarts), not an error
+    of its own that a log line must show each time."""
+    if isinstance(exc, DatabaseError):
+        return exc.unreachable or isinstance(exc.__cause__, sa.exc.OperationalError)
+    return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or bool(
+        getattr(exc, "connection_invalidated", False)
+    )
