@@ -238,14 +238,25 @@ class PrivateMariaDB:
         self.port = free_port()
         self.log = self.root / "server.log"
         self.url = f"mysql+pymysql://root@127.0.0.1:{self.port}/test"
-        subprocess.run(
+        # Temporary tables of its own: in the shared /tmp, installs run side by side
+        # removed one another's ("Could not remove temporary table").
+        self.tmp = self.root / "tmp"
+        self.tmp.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(self.tmp, self.user, self.user)
+        install = subprocess.run(
             [
                 "mariadb-install-db", "--no-defaults", f"--user={self.user}",
                 f"--datadir={self.data}", "--auth-root-authentication-method=normal",
-                "--skip-test-db",
+                "--skip-test-db", f"--tmpdir={self.tmp}",
             ],
-            check=True, capture_output=True, timeout=180,
+            capture_output=True, text=True, timeout=180,
         )  # fmt: skip
+        if install.returncode:
+            raise RuntimeError(
+                f"mariadb-install-db exited {install.returncode}:\n{install.stdout[-2000:]}"
+                f"{install.stderr[-2000:]}"
+            )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> float:
@@ -253,7 +264,8 @@ class PrivateMariaDB:
         args = [
             "mariadbd", "--no-defaults", f"--datadir={self.data}", f"--port={self.port}",
             f"--socket={self.socket}", "--bind-address=127.0.0.1", f"--log-error={self.log}",
-            f"--pid-file={self.root / 'mysqld.pid'}", "--innodb-buffer-pool-size=64M",
+            f"--pid-file={self.root / 'mysqld.pid'}", f"--tmpdir={self.tmp}",
+            "--innodb-buffer-pool-size=64M",
             "--innodb-flush-log-at-trx-commit=2", "--skip-name-resolve", *self.options,
         ]  # fmt: skip
         if os.geteuid() == 0:
