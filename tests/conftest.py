@@ -46,7 +46,8 @@ _reachable: dict[str, str | None] = {}
 #: Tests that measure stalls, gaps and takeover times: under pytest-xdist they
 #: run alone (another test's load on this 2-core machine would be measured
 #: as their stall); the rest run side by side. A test elsewhere opts in with
-#: ``@pytest.mark.alone``.
+#: ``@pytest.mark.alone``; one of these modules that times nothing (long runs
+#: asserting loss, order and duplicates) opts out with ``@pytest.mark.shared``.
 ALONE = (
     "tests/faults/",
     "tests/chaos/",
@@ -207,7 +208,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     root = config.rootpath
     for item in items:
         where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
-        if where.startswith(ALONE):
+        if where.startswith(ALONE) and not item.get_closest_marker("shared"):
             item.add_marker(pytest.mark.alone)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and set(OPTIONAL_DRIVERS) & {
@@ -242,7 +243,8 @@ def run_order(item: pytest.Item) -> int:
     """
     if item.get_closest_marker("alone"):
         return 2
-    return 0 if item.nodeid.startswith(LONG_SHARED) else 1
+    long = item.nodeid.startswith(LONG_SHARED) or item.get_closest_marker("shared")
+    return 0 if long else 1
 
 
 class RunOrder:

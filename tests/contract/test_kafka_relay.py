@@ -419,6 +419,7 @@ def test_relay_delivers_a_batch_at_normal_speed_beside_events_for_a_missing_topi
     assert len(read_back(cluster, "present.orders")) == 360
 
 
+@pytest.mark.shared  # loss, order and duplicates only: no timing measured
 def test_relays_sigkilled_under_a_producer_lose_nothing_and_keep_key_order(
     backend: str, outbox: Outbox, db_url: str, cluster: Cluster
 ) -> None:

@@ -298,6 +298,7 @@ def test_status_broker_says_whether_the_broker_answers(
     assert "s3cret" not in down.stdout + down.stderr
 
 
+@pytest.mark.shared  # loss, order and duplicates only: no timing measured
 def test_sigkilled_relays_under_a_producer_lose_nothing_and_double_nothing(
     backend: str, outbox: Outbox, db_url: str, target: Target, tmp_path: Path
 ) -> None:

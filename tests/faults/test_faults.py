@@ -205,6 +205,7 @@ class Leg:
         return set(self.arrived())
 
 
+@pytest.mark.shared  # loss, attempts and log lines; its one bound (90 s to recover) is far off
 @pytest.mark.needs_server
 def test_minute_long_broker_outages_kill_nothing_and_spend_no_attempt(
     backend: str,
