@@ -16,6 +16,7 @@ import importlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -272,11 +273,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
         yield
         return
     run = str(worker["testrunuid"])
+    asked = time.time()
     with _turn(
         Path(tempfile.gettempdir()) / f"outbox-pytest-{run}",
         alone=bool(item.get_closest_marker("alone")),
     ):
+        began = time.time()
         yield
+    timeline = os.environ.get("OUTBOX_TEST_TIMELINE")
+    if timeline:  # where CI's time goes: worker, test, asked, began, ended
+        with open(timeline, "a") as out:
+            out.write(
+                f"{worker['workerid']}\t{item.nodeid}\t{asked:.2f}\t{began:.2f}\t{time.time():.2f}\n"
+            )
 
 
 @contextlib.contextmanager
