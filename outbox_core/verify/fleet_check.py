@@ -99,4 +99,7 @@ def fleet_outboxes(ctx: Context) -> str:
         raise Failed(f"{type(exc).__name__}: {exc}\n{steps_seen}".rstrip()) from None
     finally:
         world.close()
-    return f"{examples} examples of up to {steps} steps over 3 to 4 schemas, 3 fleet relays"
+    return (
+        f"{examples} examples of up to {steps} steps over 3 to 4 schemas "
+        f"({world.pattern}, dropped), 3 fleet relays"
+    )
