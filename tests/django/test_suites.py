@@ -91,6 +91,9 @@ def test_django_suite(
     python = sys.executable if django == "5" else request.getfixturevalue("django42_python")
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env["OBX_DJANGO_EXPECT_VERSION"] = django
+    # Test databases of this run's own: the same settings on two Django versions
+    # run side by side (obx_django_pg3 created by one, dropped by the other).
+    env["OBX_DJANGO_TEST_SUFFIX"] = f"_d{django.replace('.', '')}"
     result = subprocess.run(
         [
             python,

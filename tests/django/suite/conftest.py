@@ -13,6 +13,8 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
+from tests.django.project.settings.base import TEST_SUFFIX
+
 MANAGE = Path(__file__).resolve().parents[1] / "project" / "manage.py"
 
 
@@ -32,6 +34,8 @@ def manage(
     full_env["OBX_DJANGO_DB_NAME"] = str(connections["default"].settings_dict["NAME"])
     full_env["OBX_DJANGO_OTHER_NAME"] = str(connections["other"].settings_dict["NAME"])
     full_env.update(env or {})
+    if env and "OBX_DJANGO_TEST_SUFFIX" in env:  # within this run's own (test_suites.py)
+        full_env["OBX_DJANGO_TEST_SUFFIX"] = TEST_SUFFIX + env["OBX_DJANGO_TEST_SUFFIX"]
     return subprocess.run(
         [sys.executable, str(MANAGE), *args],
         capture_output=True,
